@@ -1,0 +1,27 @@
+//! Every type that crosses a process or wire boundary, with stable
+//! kebab-case JSON (pinned by the golden tests in `tests/golden.rs`).
+
+mod attempt;
+mod bounded;
+mod device;
+mod journal;
+mod local;
+mod status;
+mod workload;
+
+pub use attempt::AgentUpgradeAttempt;
+pub use bounded::{Bounded, Transitions};
+pub use device::{ConfigState, ConfigStateReport, DeviceInfo, Freeze, FreezeFile, Heartbeat};
+pub use journal::{
+    FinishedAttempt, Journal, JournalError, JournalPhase, JournalTransition, Transaction,
+    JOURNAL_FORMAT,
+};
+pub use local::{
+    AgentRequest, ConfigStateName, ConfigStateReply, ErrorBody, ErrorCode, Refusal, Response,
+    UpdaterReply, UpdaterRequest,
+};
+pub use status::{StatusTransition, UpgradePhase, UpgradeReason, UpgradeStatus};
+pub use workload::{
+    ImageRef, PortMapping, Protocol, PullPolicy, RestartPolicy, SpecError, SpecParseError,
+    VolumeMount, WorkloadSpec, WorkloadState, WorkloadStatus, WorkloadsReport,
+};

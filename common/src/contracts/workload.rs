@@ -1,0 +1,344 @@
+//! Workloads: the desired `WorkloadSpec` an operator puts at
+//! `fleet-desired` `<device>.<workload>`, and the observed state a device
+//! reports at `fleet-status` `<device>.workloads`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::time::Timestamp;
+use crate::validate::{BoundedText, Sha256Hex, WorkloadName};
+
+/// A container image reference as Podman takes it
+/// (`registry/repo:tag`, `repo@sha256:...`, `localhost/name:tag`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ImageRef(String);
+
+impl ImageRef {
+    pub const MAX_CHARS: usize = 512;
+    pub fn parse(v: &str) -> Result<Self, SpecError> {
+        let ok = !v.is_empty()
+            && v.len() <= Self::MAX_CHARS
+            && !v.starts_with('-')
+            && v.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/' | b':' | b'@')
+            });
+        if ok {
+            Ok(Self(v.to_owned()))
+        } else {
+            Err(SpecError::Image(v.chars().take(80).collect()))
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ImageRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for ImageRef {
+    type Error = SpecError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::parse(&s)
+    }
+}
+
+impl From<ImageRef> for String {
+    fn from(v: ImageRef) -> String {
+        v.0
+    }
+}
+
+/// A refused part of a workload spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpecError {
+    Image(String),
+    Arg {
+        what: &'static str,
+        why: &'static str,
+    },
+    EnvName(String),
+    Port {
+        why: &'static str,
+    },
+    Volume(String),
+    TooMany {
+        what: &'static str,
+        max: usize,
+    },
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Image(v) => write!(f, "invalid image {v:?}: use a reference such as registry.example.com/app:1.2 (letters, digits, . _ - / : @; not starting with '-')"),
+            Self::Arg { what, why } => write!(f, "invalid {what}: {why}"),
+            Self::EnvName(v) => write!(f, "invalid environment variable name {v:?}: use A-Z, a-z, 0-9 and '_', not starting with a digit"),
+            Self::Port { why } => write!(f, "invalid port mapping: {why}"),
+            Self::Volume(v) => write!(f, "invalid volume {v:?}: the host side is a named volume ([a-z0-9][a-z0-9_.-]*) or an absolute path without '..', the container side an absolute path"),
+            Self::TooMany { what, max } => write!(f, "too many {what}: at most {max}"),
+        }
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+/// What Podman does when the container's process exits. The reconciler also
+/// restores containers that are missing or exited whatever the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    #[default]
+    Always,
+    OnFailure,
+    No,
+}
+
+/// When the image is pulled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PullPolicy {
+    /// Pull only when the image is not in local storage.
+    #[default]
+    Missing,
+    /// Pull on every (re)creation.
+    Always,
+    /// Never pull: the image must already be local.
+    Never,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+/// A published port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PortMapping {
+    pub host: u16,
+    pub container: u16,
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+/// A mount: a named volume or an absolute host path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct VolumeMount {
+    pub source: String,
+    pub target: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// The desired state of one workload: one container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct WorkloadSpec {
+    pub image: ImageRef,
+    /// Replaces the image's command when not empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortMapping>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+    #[serde(default)]
+    pub restart: RestartPolicy,
+    #[serde(default)]
+    pub pull: PullPolicy,
+    /// Memory limit in bytes (`podman --memory`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+}
+
+impl WorkloadSpec {
+    pub const MAX_ARGS: usize = 64;
+    pub const MAX_ENV: usize = 128;
+    pub const MAX_PORTS: usize = 32;
+    pub const MAX_VOLUMES: usize = 32;
+    pub const MAX_ARG_CHARS: usize = 4096;
+
+    /// Parses and validates a KV value. Every refusal names the field.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, SpecParseError> {
+        let spec: Self = serde_json::from_slice(bytes).map_err(SpecParseError::Json)?;
+        spec.validate().map_err(SpecParseError::Spec)?;
+        Ok(spec)
+    }
+
+    /// Checks what serde cannot: sizes, names, paths.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let too_many = |what, max| SpecError::TooMany { what, max };
+        if self.command.len() > Self::MAX_ARGS {
+            return Err(too_many("command arguments", Self::MAX_ARGS));
+        }
+        for arg in &self.command {
+            check_arg("command argument", arg)?;
+        }
+        if self.env.len() > Self::MAX_ENV {
+            return Err(too_many("environment variables", Self::MAX_ENV));
+        }
+        for (k, v) in &self.env {
+            let ok = k
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+                && k.len() <= 256
+                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !ok {
+                return Err(SpecError::EnvName(k.chars().take(80).collect()));
+            }
+            check_arg("environment value", v)?;
+        }
+        if self.ports.len() > Self::MAX_PORTS {
+            return Err(too_many("ports", Self::MAX_PORTS));
+        }
+        for p in &self.ports {
+            if p.host == 0 || p.container == 0 {
+                return Err(SpecError::Port {
+                    why: "ports are 1 to 65535",
+                });
+            }
+        }
+        if self.volumes.len() > Self::MAX_VOLUMES {
+            return Err(too_many("volumes", Self::MAX_VOLUMES));
+        }
+        for v in &self.volumes {
+            let named = v
+                .source
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                && v.source.len() <= 128
+                && v.source.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
+                });
+            if !(named || safe_abs_path(&v.source)) || !safe_abs_path(&v.target) {
+                return Err(SpecError::Volume(format!("{}:{}", v.source, v.target)));
+            }
+        }
+        if self.memory_bytes == Some(0) {
+            return Err(SpecError::Arg {
+                what: "memory-bytes",
+                why: "use a positive number of bytes or leave it out",
+            });
+        }
+        Ok(())
+    }
+
+    /// SHA-256 over the canonical JSON (fields in declaration order, maps
+    /// sorted): equal specs hash equal, so a changed hash means "replace".
+    pub fn spec_hash(&self) -> Sha256Hex {
+        // INVARIANT: strings, numbers and maps with string keys always serialize.
+        Sha256Hex::of(&serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
+fn check_arg(what: &'static str, v: &str) -> Result<(), SpecError> {
+    if v.chars().count() > WorkloadSpec::MAX_ARG_CHARS {
+        return Err(SpecError::Arg {
+            what,
+            why: "longer than 4096 characters",
+        });
+    }
+    if v.contains('\0') {
+        return Err(SpecError::Arg {
+            what,
+            why: "contains a NUL character",
+        });
+    }
+    Ok(())
+}
+
+fn safe_abs_path(p: &str) -> bool {
+    p.starts_with('/')
+        && p.len() <= 1024
+        && !p.contains('\0')
+        && !p.contains(':')
+        && !p.contains(',')
+        && p.split('/').all(|c| c != "..")
+}
+
+/// A KV value that is not a valid `WorkloadSpec`.
+#[derive(Debug)]
+pub enum SpecParseError {
+    Json(serde_json::Error),
+    Spec(SpecError),
+}
+
+impl fmt::Display for SpecParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Json(e) => write!(
+                f,
+                "workload spec is not valid JSON of the expected shape: {e}"
+            ),
+            Self::Spec(e) => write!(f, "workload spec refused: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SpecParseError {}
+
+/// Observed state of one workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadState {
+    /// Desired but not yet created (queued, or pulling).
+    Pending,
+    Running,
+    /// The container exited and is waiting to be restored.
+    Exited,
+    /// The last attempt failed; the next is delayed by a back-off.
+    BackOff,
+    /// The spec in NATS is invalid; the last applied one keeps running if any.
+    Invalid,
+}
+
+/// What a device reports for one workload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct WorkloadStatus {
+    pub state: WorkloadState,
+    pub image: ImageRef,
+    pub spec_hash: Sha256Hex,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// Times the reconciler restored or recreated the container.
+    pub restarts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<BoundedText>,
+    pub since: Timestamp,
+}
+
+/// The value of `fleet-status` `<device>.workloads`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct WorkloadsReport {
+    pub workloads: BTreeMap<WorkloadName, WorkloadStatus>,
+    pub observed_at: Timestamp,
+}
+
+impl WorkloadsReport {
+    /// Workloads running out of all desired.
+    pub fn ready(&self) -> (usize, usize) {
+        let running = self
+            .workloads
+            .values()
+            .filter(|w| w.state == WorkloadState::Running)
+            .count();
+        (running, self.workloads.len())
+    }
+}

@@ -1,0 +1,19 @@
+//! `fleet-common`: everything the Harmony fleet daemons and tools share —
+//! wire contracts, validation, limits, durable file I/O, the local socket
+//! protocol, NATS names and the device path layout. The daemons depend on
+//! this crate and never on each other.
+
+pub mod contracts;
+pub mod durable;
+pub mod layout;
+pub mod limits;
+pub mod logging;
+pub mod process;
+pub mod socket;
+pub mod subjects;
+pub mod time;
+pub mod users;
+pub mod validate;
+
+pub use layout::Layout;
+pub use time::Timestamp;

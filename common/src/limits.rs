@@ -1,0 +1,68 @@
+//! Every limit of the upgrade design (seed 002, "Limits") and of DESIGN.md, as
+//! named constants with their unit in the name. Nothing else in the workspace
+//! spells these numbers.
+
+use std::time::Duration;
+
+/// HTTPS connect timeout for artifact downloads (seed: 15 s).
+pub const HTTPS_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Whole-request bound for one artifact download (seed: 5 min).
+pub const HTTPS_REQUEST_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// Compiled artifact ceiling; an attempt's own `max-bytes` may only be lower.
+pub const MAX_ARTIFACT_BYTES: u64 = 100 * 1024 * 1024;
+/// Largest OCI manifest the updater reads (DESIGN.md "Artifacts").
+pub const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
+/// Largest registry token response read (anonymous Bearer token).
+pub const MAX_TOKEN_RESPONSE_BYTES: u64 = 1024 * 1024;
+/// Redirects a blob GET may follow (CDNs); manifest and token requests follow none.
+pub const MAX_BLOB_REDIRECTS: usize = 5;
+
+/// One NATS connection attempt (seed: 15 s).
+pub const NATS_CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Window over which connection attempts are retried at start (seed: 3 min).
+pub const NATS_CONNECT_WINDOW: Duration = Duration::from_secs(3 * 60);
+/// Bound on one JetStream API request or publish acknowledgement.
+pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The complete candidate probe (`--self-test`) (seed: 4 min).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(4 * 60);
+
+/// systemd's stop bound for the agent unit, `TimeoutStopSec` (seed: 60 s).
+pub const SYSTEMD_STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// The updater's own bound on a service stop (seed: 65 s).
+pub const UPDATER_STOP_TIMEOUT: Duration = Duration::from_secs(65);
+/// systemd's start bound for the agent unit, `TimeoutStartSec` (seed: 4 min).
+pub const SYSTEMD_START_TIMEOUT: Duration = Duration::from_secs(4 * 60);
+/// The updater's own bound on a service start (seed: 4 min 15 s).
+pub const UPDATER_START_TIMEOUT: Duration = Duration::from_secs(4 * 60 + 15);
+
+/// Reading one request from a local socket (seed: 10 s).
+pub const SOCKET_REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A `status` request is always answered within this bound (seed: 15 s).
+pub const SOCKET_STATUS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(15);
+/// An `upgrade` request is answered within this bound (seed: 20 min).
+pub const SOCKET_UPGRADE_RESPONSE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+/// Largest request or response on a local socket, newline included (seed: 1 MiB).
+pub const MAX_SOCKET_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Concurrent socket handlers; one more is answered `busy` (seed: 32).
+pub const MAX_SOCKET_HANDLERS: usize = 32;
+
+/// Timed transitions retained in a status or journal record (seed: 16).
+pub const MAX_TRANSITIONS: usize = 16;
+/// Characters in any detail, error or other free text (seed: 1,024).
+pub const MAX_TEXT_CHARS: usize = 1024;
+/// Errors retained in the updater journal for one attempt.
+pub const MAX_JOURNAL_ERRORS: usize = 16;
+/// Finished attempts remembered (uuid → digest) to refuse a reused UUID.
+pub const MAX_REMEMBERED_ATTEMPTS: usize = 64;
+
+/// Heartbeat period; each beat is jittered by up to [`HEARTBEAT_JITTER`].
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+/// Largest random delay added to one heartbeat, so a fleet does not beat in step.
+pub const HEARTBEAT_JITTER: Duration = Duration::from_secs(3);
+/// Device state the agent reads from a KV value at most (a `WorkloadSpec`, an attempt).
+pub const MAX_KV_VALUE_BYTES: usize = 256 * 1024;
+/// Workloads one device runs at most.
+pub const MAX_WORKLOADS_PER_DEVICE: usize = 256;
+/// Largest file read by [`crate::durable::read_bounded`] callers for state files.
+pub const MAX_STATE_FILE_BYTES: u64 = 4 * 1024 * 1024;

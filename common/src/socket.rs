@@ -1,0 +1,524 @@
+//! The local socket protocol (DESIGN.md "Local socket protocol"): one JSON
+//! request per connection, newline-terminated, one JSON response.
+//!
+//! The server, per connection:
+//! 1. refuses with `busy` (without reading) when [`MAX_SOCKET_HANDLERS`] are
+//!    already running;
+//! 2. checks the peer's credentials (`SO_PEERCRED`, plus the supplementary
+//!    groups of the peer process) against the [`PeerPolicy`] before reading
+//!    anything, answering `forbidden` otherwise;
+//! 3. reads at most [`MAX_SOCKET_MESSAGE_BYTES`] within
+//!    [`SOCKET_REQUEST_READ_TIMEOUT`] (`too-large`, `timeout`);
+//! 4. parses the request (`invalid` when malformed), calls the handler, and
+//!    writes its response, itself capped at the same size.
+//!
+//! The client connects, writes one line and reads one line, every step
+//! bounded by the caller's deadline.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::contracts::{ErrorBody, ErrorCode, Response};
+use crate::limits::{MAX_SOCKET_HANDLERS, MAX_SOCKET_MESSAGE_BYTES, SOCKET_REQUEST_READ_TIMEOUT};
+use crate::users;
+
+/// How long the accept loop waits between shutdown checks.
+const ACCEPT_POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// Bound on writing a response (or a refusal) to a slow or stuck client.
+const RESPONSE_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The credentials of a connected peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups, read from `/proc/<pid>/status`.
+    pub groups: Vec<u32>,
+}
+
+/// Who may talk on a socket: any listed uid, or any process whose primary or
+/// supplementary groups include a listed gid.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerPolicy {
+    pub uids: Vec<u32>,
+    pub gids: Vec<u32>,
+}
+
+impl PeerPolicy {
+    pub fn allows(&self, peer: &Peer) -> bool {
+        self.uids.contains(&peer.uid)
+            || self.gids.contains(&peer.gid)
+            || peer.groups.iter().any(|g| self.gids.contains(g))
+    }
+}
+
+/// A response line produced by a handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply(Vec<u8>);
+
+impl<T: Serialize> From<Response<T>> for Reply {
+    fn from(r: Response<T>) -> Self {
+        Self(r.to_line())
+    }
+}
+
+impl Reply {
+    pub fn error(code: ErrorCode, message: impl AsRef<str>) -> Self {
+        Response::<()>::Err(ErrorBody::new(code, message)).into()
+    }
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Answers one parsed request. Runs on its own thread per connection; must
+/// not block longer than the request's response bound.
+pub trait Handler: Send + Sync + 'static {
+    type Request: DeserializeOwned;
+    fn handle(&self, request: Self::Request, peer: &Peer) -> Reply;
+}
+
+/// A failure to set up or serve the socket.
+#[derive(Debug)]
+pub enum SocketError {
+    Bind { path: PathBuf, source: io::Error },
+    StaleNotSocket { path: PathBuf },
+    Permissions { path: PathBuf, source: io::Error },
+    Spawn(io::Error),
+}
+
+impl fmt::Display for SocketError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Bind { path, source } => write!(
+                f,
+                "binding socket {}: {source}: check the run directory exists and is writable",
+                path.display()
+            ),
+            Self::StaleNotSocket { path } => write!(
+                f,
+                "{} exists and is not a socket: remove it by hand, it is not ours",
+                path.display()
+            ),
+            Self::Permissions { path, source } => write!(
+                f,
+                "setting owner and mode of socket {}: {source}",
+                path.display()
+            ),
+            Self::Spawn(e) => write!(f, "starting the socket accept thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SocketError {}
+
+/// A bound, not yet serving, socket.
+#[derive(Debug)]
+pub struct SocketServer {
+    listener: UnixListener,
+    path: PathBuf,
+    policy: PeerPolicy,
+    name: String,
+}
+
+/// The running accept loop.
+#[derive(Debug)]
+pub struct ServerHandle {
+    join: Option<JoinHandle<()>>,
+    shutdown: Arc<AtomicBool>,
+    path: PathBuf,
+}
+
+impl SocketServer {
+    /// Binds `path` (replacing a stale socket left by a previous run), sets
+    /// its mode and, when given, its group.
+    pub fn bind(
+        name: &str,
+        path: &Path,
+        mode: u32,
+        group: Option<u32>,
+        policy: PeerPolicy,
+    ) -> Result<Self, SocketError> {
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) => {
+                use std::os::unix::fs::FileTypeExt;
+                if !meta.file_type().is_socket() {
+                    return Err(SocketError::StaleNotSocket {
+                        path: path.to_owned(),
+                    });
+                }
+                std::fs::remove_file(path).map_err(|source| SocketError::Bind {
+                    path: path.to_owned(),
+                    source,
+                })?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(SocketError::Bind {
+                    path: path.to_owned(),
+                    source,
+                })
+            }
+        }
+        let listener = UnixListener::bind(path).map_err(|source| SocketError::Bind {
+            path: path.to_owned(),
+            source,
+        })?;
+        let perm = |source| SocketError::Permissions {
+            path: path.to_owned(),
+            source,
+        };
+        if let Some(gid) = group {
+            std::os::unix::fs::chown(path, None, Some(gid)).map_err(perm)?;
+        }
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(perm)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| SocketError::Bind {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            listener,
+            path: path.to_owned(),
+            policy,
+            name: name.to_owned(),
+        })
+    }
+
+    /// Starts the accept loop on a thread named `<name>-accept`.
+    pub fn spawn<H: Handler>(self, handler: Arc<H>) -> Result<ServerHandle, SocketError> {
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let path = self.path.clone();
+        let flag = Arc::clone(&shutdown);
+        let join = std::thread::Builder::new()
+            .name(format!("{}-accept", self.name))
+            .spawn(move || self.accept_loop(handler, &flag))
+            .map_err(SocketError::Spawn)?;
+        Ok(ServerHandle {
+            join: Some(join),
+            shutdown,
+            path,
+        })
+    }
+
+    fn accept_loop<H: Handler>(self, handler: Arc<H>, shutdown: &AtomicBool) {
+        let active = Arc::new(AtomicUsize::new(0));
+        let policy = Arc::new(self.policy);
+        while !shutdown.load(Ordering::Relaxed) {
+            let stream = match self.listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    wait_readable(&self.listener, ACCEPT_POLL_INTERVAL);
+                    continue;
+                }
+                Err(e) => {
+                    log::warn!("{}: accept failed: {e}", self.name);
+                    wait_readable(&self.listener, ACCEPT_POLL_INTERVAL);
+                    continue;
+                }
+            };
+            if stream.set_nonblocking(false).is_err() {
+                continue;
+            }
+            // INVARIANT: only this thread increments, so the check and the
+            // increment cannot race past the limit.
+            if active.load(Ordering::SeqCst) >= MAX_SOCKET_HANDLERS {
+                refuse(
+                    stream,
+                    ErrorCode::Busy,
+                    format!(
+                        "{MAX_SOCKET_HANDLERS} requests are already being handled: retry in a few seconds"
+                    ),
+                );
+                continue;
+            }
+            active.fetch_add(1, Ordering::SeqCst);
+            let guard = ActiveGuard(Arc::clone(&active));
+            let handler = Arc::clone(&handler);
+            let policy = Arc::clone(&policy);
+            let spawned = std::thread::Builder::new()
+                .name(format!("{}-conn", self.name))
+                .spawn(move || {
+                    let _guard = guard;
+                    serve_one(stream, &policy, handler.as_ref());
+                });
+            if let Err(e) = spawned {
+                log::warn!("{}: cannot start a handler thread: {e}", self.name);
+            }
+        }
+    }
+}
+
+impl ServerHandle {
+    /// Stops accepting, removes the socket file and joins the accept loop.
+    /// Handlers in flight finish on their own threads.
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        self.shutdown.store(true, Ordering::Relaxed);
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}
+
+struct ActiveGuard(Arc<AtomicUsize>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn wait_readable(listener: &UnixListener, timeout: Duration) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(listener, PollFlags::IN)];
+    let ts = Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    let _ = poll(&mut fds, Some(&ts));
+}
+
+/// Writes a refusal and closes, bounded in time.
+fn refuse(mut stream: UnixStream, code: ErrorCode, message: impl AsRef<str>) {
+    let _ = stream.set_write_timeout(Some(RESPONSE_WRITE_TIMEOUT));
+    let _ = stream.write_all(Reply::error(code, message).as_bytes());
+}
+
+/// Reads the peer's credentials and its supplementary groups.
+pub fn peer_of(stream: &UnixStream) -> io::Result<Peer> {
+    let cred = rustix::net::sockopt::socket_peercred(stream)?;
+    let pid = cred.pid.as_raw_nonzero().get();
+    Ok(Peer {
+        pid,
+        uid: cred.uid.as_raw(),
+        gid: cred.gid.as_raw(),
+        groups: users::supplementary_groups(pid).unwrap_or_default(),
+    })
+}
+
+fn serve_one<H: Handler>(mut stream: UnixStream, policy: &PeerPolicy, handler: &H) {
+    let peer = match peer_of(&stream) {
+        Ok(p) => p,
+        Err(e) => {
+            refuse(
+                stream,
+                ErrorCode::Forbidden,
+                format!("cannot read peer credentials: {e}"),
+            );
+            return;
+        }
+    };
+    if !policy.allows(&peer) {
+        log::warn!(
+            "refused a local client: uid {} gid {} is not allowed on this socket",
+            peer.uid,
+            peer.gid
+        );
+        refuse(
+            stream,
+            ErrorCode::Forbidden,
+            format!(
+                "uid {} with gid {} is not allowed here: run as root or as a member of the socket's group",
+                peer.uid, peer.gid
+            ),
+        );
+        return;
+    }
+    let line = match read_line(&mut stream, Instant::now() + SOCKET_REQUEST_READ_TIMEOUT) {
+        Ok(line) => line,
+        Err(ReadError::TooLarge) => {
+            refuse(
+                stream,
+                ErrorCode::TooLarge,
+                format!("request is larger than {MAX_SOCKET_MESSAGE_BYTES} bytes"),
+            );
+            return;
+        }
+        Err(ReadError::Timeout) => {
+            refuse(
+                stream,
+                ErrorCode::Timeout,
+                format!(
+                    "no complete request line within {} s: send one JSON object and a newline",
+                    SOCKET_REQUEST_READ_TIMEOUT.as_secs()
+                ),
+            );
+            return;
+        }
+        Err(ReadError::Io(_)) => return,
+    };
+    let reply = match serde_json::from_slice::<H::Request>(&line) {
+        Ok(request) => handler.handle(request, &peer),
+        Err(e) => Reply::error(ErrorCode::Invalid, format!("malformed request: {e}")),
+    };
+    let reply = if reply.0.len() > MAX_SOCKET_MESSAGE_BYTES {
+        Reply::error(
+            ErrorCode::Internal,
+            format!("the response exceeds {MAX_SOCKET_MESSAGE_BYTES} bytes"),
+        )
+    } else {
+        reply
+    };
+    let _ = stream.set_write_timeout(Some(RESPONSE_WRITE_TIMEOUT));
+    let _ = stream.write_all(reply.as_bytes());
+}
+
+#[derive(Debug)]
+enum ReadError {
+    TooLarge,
+    Timeout,
+    Io(io::Error),
+}
+
+/// Reads up to the first newline (or EOF), at most
+/// [`MAX_SOCKET_MESSAGE_BYTES`] including the newline, before `deadline`.
+fn read_line(stream: &mut UnixStream, deadline: Instant) -> Result<Vec<u8>, ReadError> {
+    let mut buf = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 8192];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ReadError::Timeout);
+        }
+        stream.set_read_timeout(Some(left)).map_err(ReadError::Io)?;
+        let n = match stream.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(ReadError::Timeout)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(ReadError::Io(e)),
+        };
+        if n == 0 {
+            return if buf.is_empty() {
+                Err(ReadError::Io(io::Error::from(io::ErrorKind::UnexpectedEof)))
+            } else {
+                Ok(buf)
+            };
+        }
+        if let Some(i) = chunk[..n].iter().position(|&b| b == b'\n') {
+            if buf.len() + i + 1 > MAX_SOCKET_MESSAGE_BYTES {
+                return Err(ReadError::TooLarge);
+            }
+            buf.extend_from_slice(&chunk[..i]);
+            return Ok(buf);
+        }
+        if buf.len() + n >= MAX_SOCKET_MESSAGE_BYTES {
+            return Err(ReadError::TooLarge);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A failed call to a local socket.
+#[derive(Debug)]
+pub enum ClientError {
+    Connect {
+        path: PathBuf,
+        source: io::Error,
+    },
+    Io {
+        path: PathBuf,
+        source: io::Error,
+    },
+    Timeout {
+        path: PathBuf,
+        after: Duration,
+    },
+    TooLarge {
+        path: PathBuf,
+    },
+    Malformed {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Connect { path, source } => write!(f, "connecting to {}: {source}: is the daemon running, and are you root or in the socket's group?", path.display()),
+            Self::Io { path, source } => write!(f, "talking to {}: {source}", path.display()),
+            Self::Timeout { path, after } => write!(f, "no answer from {} within {} s", path.display(), after.as_secs()),
+            Self::TooLarge { path } => write!(f, "the answer from {} exceeds {MAX_SOCKET_MESSAGE_BYTES} bytes", path.display()),
+            Self::Malformed { path, source } => write!(f, "the answer from {} is not valid: {source}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl ClientError {
+    /// Whether the daemon is simply not there (no socket, or nobody listening).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, Self::Connect { source, .. }
+            if matches!(source.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused))
+    }
+}
+
+/// Sends `request` to the socket at `path` and waits for its response, all
+/// within `timeout`.
+pub fn call<Req: Serialize, T: DeserializeOwned>(
+    path: &Path,
+    request: &Req,
+    timeout: Duration,
+) -> Result<Response<T>, ClientError> {
+    let deadline = Instant::now() + timeout;
+    let io_err = |source| ClientError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut line = serde_json::to_vec(request).map_err(|source| ClientError::Malformed {
+        path: path.to_owned(),
+        source,
+    })?;
+    line.push(b'\n');
+    stream.set_write_timeout(Some(timeout)).map_err(io_err)?;
+    stream.write_all(&line).map_err(io_err)?;
+    match read_line(&mut stream, deadline) {
+        Ok(bytes) => Response::from_slice(&bytes).map_err(|source| ClientError::Malformed {
+            path: path.to_owned(),
+            source,
+        }),
+        Err(ReadError::Timeout) => Err(ClientError::Timeout {
+            path: path.to_owned(),
+            after: timeout,
+        }),
+        Err(ReadError::TooLarge) => Err(ClientError::TooLarge {
+            path: path.to_owned(),
+        }),
+        Err(ReadError::Io(source)) => Err(io_err(source)),
+    }
+}

@@ -1,0 +1,584 @@
+//! Golden JSON for every contract: the serialized form is pinned byte for
+//! byte (files in `tests/golden/`), and each file parses back to the value.
+//! A change here is a wire-format change: every deployed agent, updater and
+//! fleetctl must still read it.
+//!
+//! `UPDATE_GOLDEN=1 cargo test -p fleet-common --test golden` rewrites the
+//! files; review the diff as a protocol change.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::path::PathBuf;
+
+use fleet_common::contracts::*;
+use fleet_common::time::Timestamp;
+use fleet_common::validate::*;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+fn golden_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{name}.json"))
+}
+
+/// Pretty JSON of `value` must equal the golden file, and the file must parse
+/// back to `value`.
+fn check<T: Serialize + DeserializeOwned + PartialEq + Debug>(name: &str, value: &T) {
+    let mut json = serde_json::to_string_pretty(value).expect("serialize");
+    json.push('\n');
+    let path = golden_path(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &json).expect("write golden");
+    }
+    let golden = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; run with UPDATE_GOLDEN=1 once", path.display()));
+    assert_eq!(json, golden, "{name}: serialized form changed");
+    let back: T = serde_json::from_str(&golden).expect("golden parses");
+    assert_eq!(
+        &back, value,
+        "{name}: golden does not parse back to the value"
+    );
+}
+
+fn t(ms: u64) -> Timestamp {
+    Timestamp::from_unix_millis(1_795_959_871_000 + ms)
+}
+
+fn attempt() -> AgentUpgradeAttempt {
+    AgentUpgradeAttempt {
+        arch: Arch::X86_64,
+        artifact_url: ArtifactUrl::parse("https://releases.example.com/fleet-agent/1.4.0/x86_64")
+            .expect("url"),
+        device_id: DeviceId::parse("truck-0042").expect("device"),
+        max_bytes: MaxBytes::new(20 * 1024 * 1024).expect("max"),
+        sha256: Sha256Hex::parse(
+            "5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef",
+        )
+        .expect("sha"),
+        target_version: Version::parse("1.4.0").expect("version"),
+        uuid: AttemptUuid::parse("0f6e4c1a-6d0b-4c39-9b64-3f1d2a7e5c10").expect("uuid"),
+    }
+}
+
+#[test]
+fn attempt_and_its_digest() {
+    let a = attempt();
+    check("attempt", &a);
+    assert_eq!(
+        String::from_utf8(a.canonical_json()).expect("utf8"),
+        r#"{"arch":"x86_64","artifact-url":"https://releases.example.com/fleet-agent/1.4.0/x86_64","device-id":"truck-0042","max-bytes":20971520,"sha256":"5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef","target-version":"1.4.0","uuid":"0f6e4c1a-6d0b-4c39-9b64-3f1d2a7e5c10"}"#
+    );
+    assert_eq!(
+        a.digest().as_str(),
+        "95e0c2de3579c0e58b459f78d4c188e86299ef0695024ea105d3faf964adae12"
+    );
+    // The digest is over the canonical form, whatever the key order or
+    // whitespace the operator wrote.
+    let reordered = r#"{ "uuid":"0f6e4c1a-6d0b-4c39-9b64-3f1d2a7e5c10", "target-version":"1.4.0",
+        "sha256":"5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef",
+        "max-bytes":20971520, "device-id":"truck-0042",
+        "artifact-url":"https://releases.example.com/fleet-agent/1.4.0/x86_64", "arch":"x86_64" }"#;
+    let parsed: AgentUpgradeAttempt = serde_json::from_str(reordered).expect("parses");
+    assert_eq!(parsed.digest(), a.digest());
+    let mut other = a.clone();
+    other.max_bytes = MaxBytes::new(20 * 1024 * 1024 + 1).expect("max");
+    assert_ne!(other.digest(), a.digest());
+}
+
+#[test]
+fn attempt_refuses_bad_content() {
+    let good = serde_json::to_value(attempt()).expect("value");
+    let cases: &[(&str, serde_json::Value, &str)] = &[
+        ("device-id", "a.b".into(), "invalid device id"),
+        ("arch", "amd64".into(), "invalid arch"),
+        ("target-version", "../../bin/sh".into(), "invalid version"),
+        ("artifact-url", "http://x/y".into(), "invalid artifact url"),
+        (
+            "max-bytes",
+            (200u64 * 1024 * 1024).into(),
+            "invalid max-bytes",
+        ),
+        ("sha256", "ABC".into(), "invalid sha256"),
+        ("uuid", "not-a-uuid".into(), "invalid attempt uuid"),
+    ];
+    for (field, bad, msg) in cases {
+        let mut v = good.clone();
+        v[*field] = bad.clone();
+        let e = serde_json::from_value::<AgentUpgradeAttempt>(v).expect_err(field);
+        assert!(e.to_string().contains(msg), "{field}: {e}");
+    }
+    let mut v = good.clone();
+    v["source-version"] = "1.0".into();
+    let e = serde_json::from_value::<AgentUpgradeAttempt>(v).expect_err("unknown field");
+    assert!(
+        e.to_string().contains("unknown field `source-version`"),
+        "{e}"
+    );
+    let mut v = good;
+    v.as_object_mut().expect("object").remove("sha256");
+    assert!(serde_json::from_value::<AgentUpgradeAttempt>(v).is_err());
+}
+
+fn upgrade_status() -> UpgradeStatus {
+    let a = attempt();
+    let mut s = UpgradeStatus::begin(
+        a.uuid,
+        a.digest(),
+        a.target_version.clone(),
+        UpgradePhase::Preparing,
+        Some(UpgradeReason::Accepted),
+        t(0),
+    );
+    s.enter(
+        UpgradePhase::Stopping,
+        Some(UpgradeReason::Updater),
+        t(4_000),
+    );
+    s.drain_duration_ms = Some(850);
+    s.enter(UpgradePhase::Starting, None, t(5_000));
+    s.enter(
+        UpgradePhase::RollingBack,
+        Some(UpgradeReason::StartFailed),
+        t(245_000),
+    );
+    s.enter(
+        UpgradePhase::Failed,
+        Some(UpgradeReason::StartFailed),
+        t(247_000),
+    );
+    s.detail = Some(BoundedText::truncate(
+        "previous version 1.3.2 restored and running",
+    ));
+    s.error = Some(BoundedText::truncate(
+        "fleet-agent.service did not report READY within 255 s",
+    ));
+    s.boot_id = Some(BoundedText::truncate("8c2f1a3e4b5d46f7a8b9c0d1e2f3a4b5"));
+    s.invocation_id = Some(BoundedText::truncate("1e5f0c3d2b4a49c8b7a6f5e4d3c2b1a0"));
+    s.journal_ref = Some(BoundedText::truncate(
+        "_SYSTEMD_UNIT=fleet-agent.service _SYSTEMD_INVOCATION_ID=1e5f0c3d2b4a49c8b7a6f5e4d3c2b1a0",
+    ));
+    s
+}
+
+#[test]
+fn upgrade_status_golden() {
+    let s = upgrade_status();
+    assert_eq!(s.transitions.len(), 5);
+    assert_eq!(s.phase_changed_at, t(247_000));
+    check("upgrade-status", &s);
+    let minimal = UpgradeStatus::begin(
+        attempt().uuid,
+        attempt().digest(),
+        attempt().target_version,
+        UpgradePhase::Preparing,
+        Some(UpgradeReason::Accepted),
+        t(0),
+    );
+    check("upgrade-status-minimal", &minimal);
+}
+
+#[test]
+fn every_phase_and_reason_is_kebab_case() {
+    let phases = [
+        (UpgradePhase::Preparing, "preparing"),
+        (UpgradePhase::Stopping, "stopping"),
+        (UpgradePhase::Starting, "starting"),
+        (UpgradePhase::Complete, "complete"),
+        (UpgradePhase::RollingBack, "rolling-back"),
+        (UpgradePhase::Failed, "failed"),
+        (UpgradePhase::RollbackFailed, "rollback-failed"),
+    ];
+    for (p, s) in phases {
+        assert_eq!(serde_json::to_value(p).expect("json"), s);
+        assert_eq!(p.as_str(), s);
+    }
+    let reasons = [
+        UpgradeReason::Accepted,
+        UpgradeReason::Updater,
+        UpgradeReason::Ready,
+        UpgradeReason::AlreadyActive,
+        UpgradeReason::Download,
+        UpgradeReason::Checksum,
+        UpgradeReason::TooLarge,
+        UpgradeReason::Artifact,
+        UpgradeReason::Install,
+        UpgradeReason::Probe,
+        UpgradeReason::VersionMismatch,
+        UpgradeReason::StopFailed,
+        UpgradeReason::StartFailed,
+        UpgradeReason::Interrupted,
+        UpgradeReason::RollbackFailed,
+        UpgradeReason::Rejected,
+        UpgradeReason::Conflict,
+        UpgradeReason::Quarantined,
+        UpgradeReason::Frozen,
+        UpgradeReason::UpdaterUnavailable,
+    ];
+    let names: Vec<String> = reasons
+        .iter()
+        .map(|r| {
+            let v = serde_json::to_value(r).expect("json");
+            assert_eq!(v, r.as_str());
+            r.as_str().to_owned()
+        })
+        .collect();
+    check("upgrade-reasons", &names);
+    let journal_phases = [
+        (JournalPhase::Preparing, "preparing"),
+        (JournalPhase::Activating, "activating"),
+        (JournalPhase::Committed, "committed"),
+        (JournalPhase::RollingBack, "rolling-back"),
+        (JournalPhase::Failed, "failed"),
+        (JournalPhase::RollbackFailed, "rollback-failed"),
+    ];
+    for (p, s) in journal_phases {
+        assert_eq!(serde_json::to_value(p).expect("json"), s);
+    }
+}
+
+#[test]
+fn status_refuses_more_than_16_transitions_and_long_text() {
+    let mut v = serde_json::to_value(upgrade_status()).expect("value");
+    let one = v["transitions"][0].clone();
+    v["transitions"] = serde_json::Value::Array(vec![one; 17]);
+    let e = serde_json::from_value::<UpgradeStatus>(v).expect_err("17 transitions");
+    assert!(
+        e.to_string()
+            .contains("17 entries, more than the limit of 16"),
+        "{e}"
+    );
+    let mut v = serde_json::to_value(upgrade_status()).expect("value");
+    v["detail"] = "x".repeat(1025).into();
+    let e = serde_json::from_value::<UpgradeStatus>(v).expect_err("long detail");
+    assert!(
+        e.to_string().contains("longer than the limit of 1024"),
+        "{e}"
+    );
+    let mut s = upgrade_status();
+    for i in 0..40 {
+        let phase = if i % 2 == 0 {
+            UpgradePhase::Stopping
+        } else {
+            UpgradePhase::Starting
+        };
+        s.enter(phase, None, t(300_000 + i));
+    }
+    assert_eq!(s.transitions.len(), 16);
+}
+
+fn journal() -> Journal {
+    let a = attempt();
+    let mut tx = Transaction {
+        phase: JournalPhase::Preparing,
+        reason: None,
+        attempt_digest: a.digest(),
+        attempt: a,
+        previous_binary: "/usr/lib/harmony-fleet/fleet-agent-v1.3.2".into(),
+        target_binary: "/usr/lib/harmony-fleet/fleet-agent-v1.4.0".into(),
+        started_at: t(0),
+        drain_duration_ms: None,
+        errors: Bounded::default(),
+        transitions: Transitions::default(),
+    };
+    tx.enter(JournalPhase::Preparing, None, t(0));
+    tx.enter(JournalPhase::Activating, None, t(4_000));
+    tx.record_error(
+        "start-candidate",
+        "fleet-agent.service did not report READY within 255 s",
+        t(245_000),
+    );
+    tx.enter(
+        JournalPhase::RollingBack,
+        Some(UpgradeReason::StartFailed),
+        t(245_000),
+    );
+    let mut finished = Bounded::default();
+    finished.push(FinishedAttempt {
+        uuid: AttemptUuid::parse("7d1b2c3e-4f5a-4b6c-8d7e-9f0a1b2c3d4e").expect("uuid"),
+        digest: Sha256Hex::of(b"an earlier attempt"),
+        target_version: Version::parse("1.3.2").expect("version"),
+        phase: JournalPhase::Committed,
+        finished_at: Timestamp::from_unix_millis(1_795_000_000_000),
+    });
+    Journal {
+        format: JOURNAL_FORMAT,
+        transaction: Some(tx),
+        finished,
+    }
+}
+
+#[test]
+fn journal_golden() {
+    check("journal", &journal());
+    check("journal-empty", &Journal::default());
+    let mut v = serde_json::to_value(journal()).expect("value");
+    v["transaction"]["phase"] = "idle".into();
+    assert!(serde_json::from_value::<Journal>(v).is_err());
+}
+
+fn spec() -> WorkloadSpec {
+    WorkloadSpec {
+        image: ImageRef::parse("registry.example.com/telemetry:2.1").expect("image"),
+        command: vec!["/bin/telemetry".into(), "--interval=5s".into()],
+        env: BTreeMap::from([
+            ("RUST_LOG".to_owned(), "info".to_owned()),
+            ("UPLINK".to_owned(), "mqtt://10.0.0.1".to_owned()),
+        ]),
+        ports: vec![PortMapping {
+            host: 8080,
+            container: 80,
+            protocol: Protocol::Tcp,
+        }],
+        volumes: vec![VolumeMount {
+            source: "telemetry-data".into(),
+            target: "/data".into(),
+            read_only: false,
+        }],
+        restart: RestartPolicy::Always,
+        pull: PullPolicy::Missing,
+        memory_bytes: Some(64 * 1024 * 1024),
+    }
+}
+
+#[test]
+fn workload_spec_golden_and_hash() {
+    check("workload-spec", &spec());
+    let minimal =
+        WorkloadSpec::from_json(br#"{"image":"localhost/busybox:test"}"#).expect("minimal");
+    check("workload-spec-minimal", &minimal);
+    assert_eq!(minimal.restart, RestartPolicy::Always);
+    assert_eq!(minimal.pull, PullPolicy::Missing);
+    // The hash is canonical: the same spec written differently hashes equal.
+    let written = br#"{"restart":"always","image":"localhost/busybox:test","command":[]}"#;
+    assert_eq!(
+        WorkloadSpec::from_json(written)
+            .expect("parses")
+            .spec_hash(),
+        minimal.spec_hash()
+    );
+    let mut changed = minimal.clone();
+    changed.command = vec!["sleep".into(), "1".into()];
+    assert_ne!(changed.spec_hash(), minimal.spec_hash());
+}
+
+#[test]
+fn workload_spec_refusals() {
+    let cases: &[(&str, &str)] = &[
+        (r#"{"image":"-rm"}"#, "invalid image"),
+        (r#"{"image":"a b"}"#, "invalid image"),
+        (
+            r#"{"image":"x","privileged":true}"#,
+            "unknown field `privileged`",
+        ),
+        (
+            r#"{"image":"x","env":{"1X":"y"}}"#,
+            "invalid environment variable name",
+        ),
+        (
+            r#"{"image":"x","ports":[{"host":0,"container":80}]}"#,
+            "invalid port mapping",
+        ),
+        (
+            r#"{"image":"x","ports":[{"host":70000,"container":80}]}"#,
+            "not valid JSON",
+        ),
+        (
+            r#"{"image":"x","volumes":[{"source":"/etc/../root","target":"/r"}]}"#,
+            "invalid volume",
+        ),
+        (
+            r#"{"image":"x","volumes":[{"source":"data","target":"relative"}]}"#,
+            "invalid volume",
+        ),
+        (r#"{"image":"x","restart":"sometimes"}"#, "not valid JSON"),
+        (r#"{"image":"x","memory-bytes":0}"#, "invalid memory-bytes"),
+        (
+            r#"{"image":"x","command":["a\u0000b"]}"#,
+            "contains a NUL character",
+        ),
+        (r#"not json"#, "not valid JSON"),
+    ];
+    for (json, msg) in cases {
+        let e = WorkloadSpec::from_json(json.as_bytes()).expect_err(json);
+        assert!(e.to_string().contains(msg), "{json}: {e}");
+    }
+}
+
+#[test]
+fn workloads_report_golden() {
+    let report = WorkloadsReport {
+        workloads: BTreeMap::from([
+            (
+                WorkloadName::parse("telemetry").expect("name"),
+                WorkloadStatus {
+                    state: WorkloadState::Running,
+                    image: spec().image,
+                    spec_hash: spec().spec_hash(),
+                    container_id: Some("70a0eab752cc".into()),
+                    restarts: 1,
+                    last_error: None,
+                    since: t(10_000),
+                },
+            ),
+            (
+                WorkloadName::parse("camera").expect("name"),
+                WorkloadStatus {
+                    state: WorkloadState::BackOff,
+                    image: ImageRef::parse("registry.example.com/camera:3").expect("image"),
+                    spec_hash: Sha256Hex::of(b"camera"),
+                    container_id: None,
+                    restarts: 4,
+                    last_error: Some(BoundedText::truncate(
+                        "pulling registry.example.com/camera:3: connection refused",
+                    )),
+                    since: t(20_000),
+                },
+            ),
+        ]),
+        observed_at: t(30_000),
+    };
+    assert_eq!(report.ready(), (1, 2));
+    check("workloads-report", &report);
+}
+
+fn frozen_report() -> ConfigStateReport {
+    ConfigStateReport {
+        state: ConfigState::Changefreeze(Freeze {
+            since: t(0),
+            reason: Some(BoundedText::truncate("vehicle in motion")),
+            caller_uid: 0,
+        }),
+        waiting_changes: 2,
+        intent_waiting: true,
+    }
+}
+
+#[test]
+fn device_info_heartbeat_and_freeze_golden() {
+    let info = DeviceInfo {
+        device_id: DeviceId::parse("truck-0042").expect("device"),
+        agent_version: Version::parse("1.4.0").expect("version"),
+        arch: Arch::Aarch64,
+        os: BoundedText::truncate("Debian GNU/Linux 12 (bookworm)"),
+        kernel: BoundedText::truncate("6.1.0-28-arm64"),
+        podman_version: Some(BoundedText::truncate("4.3.1")),
+        boot_id: BoundedText::truncate("8c2f1a3e-4b5d-46f7-a8b9-c0d1e2f3a4b5"),
+        config_state: ConfigStateReport {
+            state: ConfigState::Configured,
+            waiting_changes: 0,
+            intent_waiting: false,
+        },
+        agent_started_at: t(0),
+        updated_at: t(1_000),
+    };
+    check("device-info", &info);
+    let hb = Heartbeat {
+        at: t(30_000),
+        uptime_secs: 30,
+        agent_version: Version::parse("1.4.0").expect("version"),
+        config_state: frozen_report(),
+    };
+    check("heartbeat", &hb);
+    let file = FreezeFile {
+        format: FreezeFile::FORMAT,
+        config_state: frozen_report().state,
+        written_at: t(0),
+    };
+    check("freeze-file", &file);
+    let thawed = FreezeFile {
+        format: FreezeFile::FORMAT,
+        config_state: ConfigState::Configured,
+        written_at: t(5),
+    };
+    check("freeze-file-configured", &thawed);
+    let bad = r#"{"format":1,"config-state":{"state":"changefreeze","since":"2026-11-29T13:44:31.000Z","caller-uid":0,"extra":1},"written-at":"2026-11-29T13:44:31.000Z"}"#;
+    assert!(serde_json::from_str::<FreezeFile>(bad).is_err());
+}
+
+#[test]
+fn socket_requests_and_responses_golden() {
+    check("updater-request-status", &UpdaterRequest::Status {});
+    check(
+        "updater-request-upgrade",
+        &UpdaterRequest::Upgrade { attempt: attempt() },
+    );
+    assert_eq!(
+        serde_json::from_str::<UpdaterRequest>(r#"{"request":"status"}"#).expect("parses"),
+        UpdaterRequest::Status {}
+    );
+    assert!(serde_json::from_str::<UpdaterRequest>(r#"{"request":"reboot"}"#).is_err());
+    assert!(serde_json::from_str::<UpdaterRequest>(r#"{"request":"status","x":1}"#).is_err());
+    check(
+        "agent-request-freeze",
+        &AgentRequest::Configstate {
+            set: Some(ConfigStateName::Changefreeze),
+            reason: Some(BoundedText::truncate("vehicle in motion")),
+        },
+    );
+    check(
+        "agent-request-get",
+        &AgentRequest::Configstate {
+            set: None,
+            reason: None,
+        },
+    );
+
+    let ok: Response<UpdaterReply> = Response::Ok(UpdaterReply {
+        status: Some(upgrade_status()),
+    });
+    let line = ok.to_line();
+    assert_eq!(line.last(), Some(&b'\n'));
+    assert_eq!(
+        Response::<UpdaterReply>::from_slice(&line).expect("parses"),
+        ok
+    );
+    let idle = Response::Ok(UpdaterReply { status: None }).to_line();
+    assert_eq!(idle, b"{\"ok\":true,\"status\":null}\n");
+
+    let refused: Response<ConfigStateReply> = Response::Err(ErrorBody {
+        code: ErrorCode::Refused,
+        message: BoundedText::truncate("cannot enter changefreeze now"),
+        reasons: vec![Refusal::ReconcilerBusy, Refusal::IntentPending],
+        retry_after_secs: Some(30),
+    });
+    assert_eq!(
+        String::from_utf8(refused.to_line()).expect("utf8"),
+        "{\"ok\":false,\"error\":{\"code\":\"refused\",\"message\":\"cannot enter changefreeze now\",\"reasons\":[\"reconciler-busy\",\"intent-pending\"],\"retry-after-secs\":30}}\n"
+    );
+    assert_eq!(
+        Response::<ConfigStateReply>::from_slice(&refused.to_line()).expect("parses"),
+        refused
+    );
+    let frozen: Response<ConfigStateReply> = Response::Ok(ConfigStateReply {
+        config_state: frozen_report(),
+    });
+    assert_eq!(
+        String::from_utf8(frozen.to_line()).expect("utf8"),
+        "{\"ok\":true,\"config-state\":{\"state\":\"changefreeze\",\"since\":\"2026-11-29T13:44:31.000Z\",\"reason\":\"vehicle in motion\",\"caller-uid\":0,\"waiting-changes\":2,\"intent-waiting\":true}}\n"
+    );
+    assert_eq!(
+        Response::<ConfigStateReply>::from_slice(&frozen.to_line()).expect("parses"),
+        frozen
+    );
+    let codes = [
+        ErrorCode::Busy,
+        ErrorCode::Invalid,
+        ErrorCode::Conflict,
+        ErrorCode::Quarantined,
+        ErrorCode::Frozen,
+        ErrorCode::Refused,
+        ErrorCode::Forbidden,
+        ErrorCode::TooLarge,
+        ErrorCode::Timeout,
+        ErrorCode::Internal,
+    ];
+    let names: Vec<String> = codes
+        .iter()
+        .map(|c| {
+            assert_eq!(serde_json::to_value(c).expect("json"), c.as_str());
+            c.as_str().to_owned()
+        })
+        .collect();
+    check("error-codes", &names);
+}
