@@ -9,6 +9,7 @@ pub mod layout;
 pub mod limits;
 pub mod logging;
 pub mod process;
+pub mod signals;
 pub mod socket;
 pub mod subjects;
 pub mod time;

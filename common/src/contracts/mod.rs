@@ -11,7 +11,9 @@ mod workload;
 
 pub use attempt::AgentUpgradeAttempt;
 pub use bounded::{Bounded, Transitions};
-pub use device::{ConfigState, ConfigStateReport, DeviceInfo, Freeze, FreezeFile, Heartbeat};
+pub use device::{
+    ConfigState, ConfigStateReport, DeviceInfo, Freeze, FreezeFile, Heartbeat, Stopping,
+};
 pub use journal::{
     FinishedAttempt, Journal, JournalError, JournalPhase, JournalTransition, Transaction,
     JOURNAL_FORMAT,
@@ -22,6 +24,6 @@ pub use local::{
 };
 pub use status::{StatusTransition, UpgradePhase, UpgradeReason, UpgradeStatus};
 pub use workload::{
-    ImageRef, PortMapping, Protocol, PullPolicy, RestartPolicy, SpecError, SpecParseError,
-    VolumeMount, WorkloadSpec, WorkloadState, WorkloadStatus, WorkloadsReport,
+    AppliedSpecs, ImageRef, PortMapping, Protocol, PullPolicy, RestartPolicy, SpecError,
+    SpecParseError, VolumeMount, WorkloadSpec, WorkloadState, WorkloadStatus, WorkloadsReport,
 };
