@@ -6,7 +6,6 @@ mod bounded;
 mod device;
 mod journal;
 mod local;
-mod selftest;
 mod status;
 mod workload;
 
@@ -23,7 +22,6 @@ pub use local::{
     AgentRequest, ConfigStateName, ConfigStateReply, ErrorBody, ErrorCode, Refusal, Response,
     UpdaterReply, UpdaterRequest,
 };
-pub use selftest::{SelfTestReport, SelfTestStep};
 pub use status::{StatusTransition, UpgradePhase, UpgradeReason, UpgradeStatus};
 pub use workload::{
     AppliedSpecs, ImageRef, PortMapping, Protocol, PullPolicy, RestartPolicy, SpecError,
