@@ -18,7 +18,8 @@
 //! they vanish after the inactive threshold. The whole probe is bounded by
 //! [`PROBE_TIMEOUT`]; a step still running then fails as timed out. The
 //! report ([`SelfTestReport`]) is one JSON line on stdout, carrying the
-//! compiled version.
+//! compiled version and one check per step run (the last one failed when
+//! the exit code is not 0), each with how long it took.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -26,7 +27,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fleet_common::contracts::{AgentUpgradeAttempt, SelfTestReport, SelfTestStep};
+use fleet_common::contracts::{AgentUpgradeAttempt, Bounded, SelfTestCheck, SelfTestReport};
 use fleet_common::limits::{
     MAX_KV_VALUE_BYTES, MAX_WORKLOADS_PER_DEVICE, NATS_CONNECT_WINDOW, PROBE_TIMEOUT,
 };
@@ -120,9 +121,7 @@ fn run_within(config_path: &Path, version: Version, limit: Duration) -> Outcome 
     let worker = threads::spawn("agent-probe", move || steps(&path, &tx));
     let mut report = SelfTestReport {
         version,
-        ok: false,
-        steps: Vec::new(),
-        failed_step: None,
+        checks: Bounded::default(),
     };
     if let Err(e) = worker {
         return fail(
@@ -140,12 +139,7 @@ fn run_within(config_path: &Path, version: Version, limit: Duration) -> Outcome 
                 debug_assert_eq!(done.step, step);
                 started = Instant::now();
                 match done.result {
-                    Ok(detail) => report.steps.push(SelfTestStep {
-                        step: step.name().to_owned(),
-                        ok: true,
-                        detail: BoundedText::truncate(detail),
-                        duration_ms: millis(done.took),
-                    }),
+                    Ok(detail) => report.checks.push(check(step, true, &detail, done.took)),
                     Err(e) => return fail(report, step, e, done.took),
                 }
             }
@@ -167,26 +161,25 @@ fn run_within(config_path: &Path, version: Version, limit: Duration) -> Outcome 
             }
         }
     }
-    // The worker is done; its connection closed when it returned.
-    report.ok = true;
     Outcome {
         report,
         exit_code: 0,
     }
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+fn check(step: Step, ok: bool, detail: &str, took: Duration) -> SelfTestCheck {
+    SelfTestCheck {
+        name: BoundedText::truncate(step.name()),
+        ok,
+        detail: Some(BoundedText::truncate(format!(
+            "{detail} ({} ms)",
+            took.as_millis()
+        ))),
+    }
 }
 
 fn fail(mut report: SelfTestReport, step: Step, error: String, took: Duration) -> Outcome {
-    report.steps.push(SelfTestStep {
-        step: step.name().to_owned(),
-        ok: false,
-        detail: BoundedText::truncate(error),
-        duration_ms: millis(took),
-    });
-    report.failed_step = Some(step.name().to_owned());
+    report.checks.push(check(step, false, &error, took));
     Outcome {
         report,
         exit_code: step.exit_code(),
@@ -365,13 +358,13 @@ mod tests {
             Duration::from_secs(10),
         );
         assert_eq!(out.exit_code, 10);
-        assert!(!out.report.ok);
         assert_eq!(out.report.version, v);
-        assert_eq!(out.report.failed_step.as_deref(), Some("config"));
-        assert_eq!(out.report.steps.len(), 1);
-        assert!(out.report.steps[0]
-            .detail
-            .as_str()
-            .starts_with("reading config /nonexistent/agent.json"));
+        assert_eq!(out.report.checks.len(), 1);
+        let failures = out.report.failures();
+        assert_eq!(failures.len(), 1);
+        assert!(
+            failures[0].starts_with("config: reading config /nonexistent/agent.json"),
+            "{failures:?}"
+        );
     }
 }
