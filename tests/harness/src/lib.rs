@@ -8,6 +8,7 @@
 //! so tests run in parallel threads.
 
 mod nats;
+mod podman;
 mod proc;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 pub use nats::{
     device_password, fleet_server_config, NatsCluster, NatsServer, NatsVersion, NATS_ADMIN_PASSWORD,
 };
+pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
 
 /// How often [`poll_until`] checks its condition.
