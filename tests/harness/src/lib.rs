@@ -7,6 +7,7 @@
 //! its temp dirs. Ports are random, nothing is global but `OnceLock` caches,
 //! so tests run in parallel threads.
 
+mod https;
 mod nats;
 mod podman;
 mod proc;
@@ -15,6 +16,9 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use https::{
+    Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
+};
 pub use nats::{
     device_password, fleet_server_config, NatsCluster, NatsServer, NatsVersion, NATS_ADMIN_PASSWORD,
 };
