@@ -12,6 +12,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,7 @@ use fleet_common::nats_config::{
     kv_stream_config, static_server_config, stream_create_subject, ClusterConfig,
     StaticServerConfig, ADMIN_USER, FLEET_BUCKETS,
 };
+use fleet_common::subjects::stream_name;
 use fleet_common::validate::DeviceId;
 use rustix::process::Signal;
 use tempfile::TempDir;
@@ -37,8 +39,14 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 const API_TIMEOUT: Duration = Duration::from_secs(5);
 /// A fresh cluster elects a meta leader and places R3 streams within this.
 const CLUSTER_FORM_TIMEOUT: Duration = Duration::from_secs(60);
+/// One stream-info request while waiting for a leader (unanswered ones are
+/// the norm then).
+const LEADER_POLL_TIMEOUT: Duration = Duration::from_millis(500);
 /// Pause between JetStream API retries while a cluster forms.
 const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// Step and cap of [`reconnect_delay`].
+const RECONNECT_STEP: Duration = Duration::from_millis(10);
+const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(250);
 /// Attempts at a start that lost its picked port to another process.
 const PORT_ATTEMPTS: usize = 5;
 
@@ -172,7 +180,7 @@ pub struct NatsServer {
 impl NatsServer {
     /// Plain JetStream server, no auth, random loopback port.
     pub fn start(v: NatsVersion) -> NatsServer {
-        let dir = temp_dir("fleet-nats-");
+        let dir = server_dir("fleet-nats-");
         let mut server = NatsServer {
             version: v,
             mode: Mode::Plain,
@@ -190,7 +198,7 @@ impl NatsServer {
     /// `<id>-pw` in `DEVICES` with exactly `device_permissions`), the three
     /// buckets created, ready to use.
     pub fn start_fleet(v: NatsVersion, devices: &[&str]) -> NatsServer {
-        let dir = temp_dir("fleet-nats-");
+        let dir = server_dir("fleet-nats-");
         let passwords: Vec<String> = devices.iter().map(|d| device_password(d)).collect();
         let creds: Vec<(&str, &str)> = devices
             .iter()
@@ -248,18 +256,28 @@ impl NatsServer {
 
     /// The admin user in `FLEET` (fleet layout), or an anonymous client.
     pub fn admin(&self) -> nats::Connection {
-        let options = match self.mode {
-            Mode::Plain => nats::Options::new(),
-            Mode::Fleet { .. } => nats::Options::with_user_pass(ADMIN_USER, NATS_ADMIN_PASSWORD),
-        };
-        connect(options.with_name("harness-admin"), &self.url())
+        connect(self.admin_options(), &self.url())
     }
 
     /// Device `id` in `DEVICES` with its password `<id>-pw` (fleet layout).
     pub fn device(&self, id: &str) -> nats::Connection {
-        connect(
+        connect(self.device_options(id), &self.url())
+    }
+
+    /// Options of [`admin`](Self::admin), to add callbacks before connecting.
+    pub fn admin_options(&self) -> nats::Options {
+        let options = match self.mode {
+            Mode::Plain => nats::Options::new(),
+            Mode::Fleet { .. } => nats::Options::with_user_pass(ADMIN_USER, NATS_ADMIN_PASSWORD),
+        };
+        quick(options.with_name("harness-admin"), self.dir.path())
+    }
+
+    /// Options of [`device`](Self::device), to add callbacks before connecting.
+    pub fn device_options(&self, id: &str) -> nats::Options {
+        quick(
             nats::Options::with_user_pass(id, &device_password(id)).with_name(id),
-            &self.url(),
+            self.dir.path(),
         )
     }
 
@@ -326,7 +344,7 @@ pub struct NatsCluster {
     version: NatsVersion,
     ports: Vec<u16>,
     nodes: Vec<Option<ChildGuard>>,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 /// Nodes in a [`NatsCluster`].
@@ -334,7 +352,7 @@ const CLUSTER_NODES: usize = 3;
 
 impl NatsCluster {
     pub fn start_fleet(v: NatsVersion, devices: &[&str]) -> NatsCluster {
-        let dir = temp_dir("fleet-nats-cluster-");
+        let dir = server_dir("fleet-nats-cluster-");
         let passwords: Vec<String> = devices.iter().map(|d| device_password(d)).collect();
         let creds: Vec<(&str, &str)> = devices
             .iter()
@@ -380,11 +398,16 @@ impl NatsCluster {
             if port_taken {
                 continue; // `nodes` drops: the started ones are killed.
             }
+            // JetStream API requests sent before a meta leader exists go
+            // unanswered; wait for every node to know the leader.
+            for node in nodes.iter().flatten() {
+                node.wait_for_line("metadata leader", CLUSTER_FORM_TIMEOUT);
+            }
             let cluster = NatsCluster {
                 version: v,
                 ports: client,
                 nodes,
-                _dir: dir,
+                dir,
             };
             create_buckets(&cluster.admin(), CLUSTER_NODES as u8, CLUSTER_FORM_TIMEOUT);
             return cluster;
@@ -411,25 +434,53 @@ impl NatsCluster {
         }
     }
 
+    /// Waits until every bucket stream has a leader among the live nodes
+    /// (after [`kill_node`](Self::kill_node), an election takes up to ~10 s
+    /// when the killed node led a stream). Panics after `timeout`.
+    pub fn wait_for_leaders(&self, timeout: Duration) {
+        let live: Vec<String> = (0..CLUSTER_NODES)
+            .filter(|i| self.nodes[*i].is_some())
+            .map(|i| format!("n{i}"))
+            .collect();
+        wait_for_stream_leaders(
+            &self.admin(),
+            Some(&live),
+            Instant::now() + timeout,
+            timeout,
+        );
+    }
+
     /// The admin user in `FLEET`, connected to the live nodes (it fails
     /// over between them).
     pub fn admin(&self) -> nats::Connection {
-        connect(
-            nats::Options::with_user_pass(ADMIN_USER, NATS_ADMIN_PASSWORD)
-                .with_name("harness-admin"),
-            &self.live_urls(),
-        )
+        connect(self.admin_options(), &self.live_urls())
     }
 
     /// Device `id`, connected to the live nodes.
     pub fn device(&self, id: &str) -> nats::Connection {
-        connect(
-            nats::Options::with_user_pass(id, &device_password(id)).with_name(id),
-            &self.live_urls(),
+        connect(self.device_options(id), &self.live_urls())
+    }
+
+    /// Options of [`admin`](Self::admin), to add callbacks before connecting.
+    pub fn admin_options(&self) -> nats::Options {
+        quick(
+            nats::Options::with_user_pass(ADMIN_USER, NATS_ADMIN_PASSWORD)
+                .with_name("harness-admin"),
+            self.dir.path(),
         )
     }
 
-    fn live_urls(&self) -> String {
+    /// Options of [`device`](Self::device), to add callbacks before connecting.
+    pub fn device_options(&self, id: &str) -> nats::Options {
+        quick(
+            nats::Options::with_user_pass(id, &device_password(id)).with_name(id),
+            self.dir.path(),
+        )
+    }
+
+    /// Client URLs of the live nodes, comma-separated (the form the `nats`
+    /// crate's `connect` takes).
+    pub fn live_urls(&self) -> String {
         let urls: Vec<String> = self
             .urls()
             .into_iter()
@@ -446,6 +497,45 @@ fn server_command(v: NatsVersion, args: &[&str]) -> Command {
     let mut cmd = Command::new(v.binary());
     cmd.args(args);
     cmd
+}
+
+/// `options` that connect at once.
+///
+/// The `nats` crate (0.25) sleeps a random 0 to 1 s before every connect
+/// attempt, the first included (its default backoff's jitter); tests replace
+/// the backoff. It also parses every system CA on every connect (~20 ms in a
+/// debug build) unless given a root certificate file; a throwaway one in
+/// `dir` skips that.
+fn quick(options: nats::Options, dir: &Path) -> nats::Options {
+    options
+        .add_root_certificate(dir.join(ANCHOR_FILE))
+        .reconnect_delay_callback(reconnect_delay)
+}
+
+/// Backoff between reconnect attempts: none before the first, then 10 ms
+/// more per attempt up to 250 ms (no jitter: tests are few clients).
+fn reconnect_delay(attempts: usize) -> Duration {
+    RECONNECT_STEP
+        .saturating_mul(u32::try_from(attempts).unwrap_or(u32::MAX))
+        .min(MAX_RECONNECT_DELAY)
+}
+
+/// The file [`quick`] points the crate at.
+const ANCHOR_FILE: &str = "nats-client-anchor.pem";
+
+/// A temp dir for a server, with the client anchor of [`quick`] in it.
+fn server_dir(prefix: &str) -> TempDir {
+    static PEM: OnceLock<String> = OnceLock::new();
+    let pem = PEM.get_or_init(|| {
+        let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("anchor key: {e}"));
+        rcgen::CertificateParams::new(vec!["nats-client-anchor.invalid".to_owned()])
+            .and_then(|p| p.self_signed(&key))
+            .unwrap_or_else(|e| panic!("anchor cert: {e}"))
+            .pem()
+    });
+    let dir = temp_dir(prefix);
+    write_file(&dir.path().join(ANCHOR_FILE), pem);
+    dir
 }
 
 fn connect(options: nats::Options, urls: &str) -> nats::Connection {
@@ -472,6 +562,38 @@ fn create_buckets(admin: &nats::Connection, replicas: u8, timeout: Duration) {
             };
             if Instant::now() >= deadline {
                 panic!("{subject} failed for {timeout:?}, last: {error}");
+            }
+            thread::sleep(RETRY_INTERVAL);
+        }
+    }
+    if replicas > 1 {
+        wait_for_stream_leaders(admin, None, deadline, timeout);
+    }
+}
+
+/// Waits until every bucket stream reports a leader (one named in `among`,
+/// if given). A replicated stream without a leader leaves requests
+/// unanswered and publishes with "no responders".
+fn wait_for_stream_leaders(
+    admin: &nats::Connection,
+    among: Option<&[String]>,
+    deadline: Instant,
+    timeout: Duration,
+) {
+    for spec in &FLEET_BUCKETS {
+        let subject = format!("$JS.API.STREAM.INFO.{}", stream_name(spec.bucket));
+        loop {
+            let leader = admin
+                .request_timeout(&subject, "", LEADER_POLL_TIMEOUT)
+                .ok()
+                .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.data).ok())
+                .and_then(|v| v["cluster"]["leader"].as_str().map(str::to_owned))
+                .filter(|l| !l.is_empty() && among.map_or(true, |names| names.contains(l)));
+            if leader.is_some() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                panic!("{subject}: no stream leader within {timeout:?}");
             }
             thread::sleep(RETRY_INTERVAL);
         }
