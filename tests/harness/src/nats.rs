@@ -144,19 +144,27 @@ enum StartError {
     Failed(String),
 }
 
-/// Spawns `cmd` and waits for "Server is ready"; returns the guard and the
+/// Spawns `cmd` and waits for "Server is ready" (and, for a cluster node,
+/// the route listener, which opens after it); returns the guard and the
 /// client port from "Listening for client connections on <host>:<port>".
-fn spawn_server(cmd: Command, name: &str) -> Result<(ChildGuard, u16), StartError> {
+fn spawn_server(
+    cmd: Command,
+    name: &str,
+    clustered: bool,
+) -> Result<(ChildGuard, u16), StartError> {
     let child = ChildGuard::spawn(cmd, name);
-    if child
-        .try_wait_for_line(0, "Server is ready", READY_TIMEOUT)
-        .is_none()
-    {
-        let log = child.log();
-        if log.contains("address already in use") {
-            return Err(StartError::PortTaken);
+    let mut ready = vec!["Server is ready"];
+    if clustered {
+        ready.push("Listening for route connections");
+    }
+    for line in ready {
+        if child.try_wait_for_line(0, line, READY_TIMEOUT).is_none() {
+            let log = child.log();
+            if log.contains("address already in use") {
+                return Err(StartError::PortTaken);
+            }
+            return Err(StartError::Failed(log));
         }
-        return Err(StartError::Failed(log));
     }
     let line = child.wait_for_line("client connections on", Duration::ZERO);
     let port = line
@@ -212,7 +220,7 @@ impl NatsServer {
             let text = fleet_server_config(&creds, NATS_ADMIN_PASSWORD, port, &store);
             write_file(&config, &text);
             let cmd = server_command(v, &["-c", &config.to_string_lossy()]);
-            match spawn_server(cmd, &format!("nats-{v:?}")) {
+            match spawn_server(cmd, &format!("nats-{v:?}"), false) {
                 Ok((child, got)) => {
                     assert_eq!(got, port, "nats-server listens where its config says");
                     let server = NatsServer {
@@ -322,7 +330,7 @@ impl NatsServer {
                 server_command(self.version, &["-c", &config.to_string_lossy()])
             }
         };
-        match spawn_server(cmd, &format!("nats-{:?}", self.version)) {
+        match spawn_server(cmd, &format!("nats-{:?}", self.version), false) {
             Ok((child, got)) => {
                 self.port = got;
                 self.child = Some(child);
@@ -359,7 +367,11 @@ impl NatsCluster {
             .zip(&passwords)
             .map(|(d, p)| (*d, p.as_str()))
             .collect();
-        for _ in 0..PORT_ATTEMPTS {
+        for attempt in 0..PORT_ATTEMPTS {
+            // A fresh store per attempt: no raft state from a failed one.
+            let base = dir.path().join(format!("attempt{attempt}"));
+            std::fs::create_dir_all(&base)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", base.display()));
             let client: Vec<u16> = (0..CLUSTER_NODES).map(|_| free_port()).collect();
             let routes: Vec<SocketAddr> = (0..CLUSTER_NODES)
                 .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
@@ -367,13 +379,13 @@ impl NatsCluster {
             let mut nodes = Vec::new();
             let mut port_taken = false;
             for i in 0..CLUSTER_NODES {
-                let config = dir.path().join(format!("n{i}.conf"));
+                let config = base.join(format!("n{i}.conf"));
                 write_file(
                     &config,
                     &static_server_config(&StaticServerConfig {
                         listen: SocketAddr::from(([127, 0, 0, 1], client[i])),
                         server_name: Some(format!("n{i}")),
-                        store_dir: dir.path().join(format!("n{i}")),
+                        store_dir: base.join(format!("n{i}")),
                         admin_password: NATS_ADMIN_PASSWORD.to_owned(),
                         devices: device_list(&creds),
                         cluster: Some(ClusterConfig {
@@ -384,7 +396,7 @@ impl NatsCluster {
                     }),
                 );
                 let cmd = server_command(v, &["-c", &config.to_string_lossy()]);
-                match spawn_server(cmd, &format!("nats-{v:?}-n{i}")) {
+                match spawn_server(cmd, &format!("nats-{v:?}-n{i}"), true) {
                     Ok((child, _)) => nodes.push(Some(child)),
                     Err(StartError::PortTaken) => {
                         port_taken = true;

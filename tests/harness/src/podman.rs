@@ -325,3 +325,33 @@ fn write_file(path: &Path, text: &str) {
 fn write_bytes(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mount_path("/tmp/a\\040b"), "/tmp/a b");
+        assert_eq!(unescape_mount_path("/x\\134y\\011z"), "/x\\y\tz");
+        assert_eq!(unescape_mount_path("/plain\\"), "/plain\\");
+    }
+
+    #[test]
+    fn rootfs_tar_has_busybox_and_its_links() {
+        let tar = busybox_rootfs_tar();
+        assert_eq!(tar.len() % TAR_BLOCK, 0);
+        let names: Vec<String> = tar
+            .chunks(TAR_BLOCK)
+            .filter(|h| h[257..262] == *b"ustar")
+            .map(|h| {
+                let end = h[..100].iter().position(|&b| b == 0).unwrap_or(100);
+                String::from_utf8_lossy(&h[..end]).into_owned()
+            })
+            .collect();
+        assert!(names.contains(&"bin/busybox".to_owned()), "{names:?}");
+        for applet in BUSYBOX_APPLETS {
+            assert!(names.contains(&format!("bin/{applet}")), "{applet}");
+        }
+    }
+}
