@@ -303,7 +303,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     };
     match keys {
         Some(n) => notify::ready(&format!(
-            "ready: device {device}, {n} workloads desired, NATS connected"
+            "device {device}, {n} workloads desired, NATS connected"
         )),
         None => log::info!("stopping before readiness"),
     }

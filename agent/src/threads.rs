@@ -43,3 +43,48 @@ pub fn join_within<T>(h: JoinHandle<T>, timeout: Duration, name: &str) -> Option
         }
     }
 }
+
+/// Stack of a helper thread running one bounded call.
+const CALL_STACK_BYTES: usize = 128 * 1024;
+
+/// Runs `f` on a helper thread named `name` and waits at most `timeout`
+/// for its result; `None` on timeout (the helper is left to finish on its
+/// own). For library calls that can block without a bound, such as the
+/// NATS crate's flush and close while it is reconnecting.
+pub fn call_within<T: Send + 'static>(
+    name: &str,
+    timeout: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let spawned = thread::Builder::new()
+        .name(name.to_owned())
+        .stack_size(CALL_STACK_BYTES)
+        .spawn(move || {
+            let _ = tx.send(f());
+        });
+    match spawned {
+        Ok(_) => rx.recv_timeout(timeout).ok(),
+        Err(e) => {
+            log::error!("starting thread {name}: {e}");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_within_returns_the_result_or_gives_up() {
+        assert_eq!(call_within("t-fast", Duration::from_secs(5), || 7), Some(7));
+        let start = Instant::now();
+        let r = call_within("t-slow", Duration::from_millis(50), || {
+            thread::sleep(Duration::from_secs(2));
+            7
+        });
+        assert_eq!(r, None);
+        assert!(start.elapsed() < Duration::from_secs(1));
+    }
+}

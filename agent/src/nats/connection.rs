@@ -14,6 +14,7 @@
 
 use std::fmt;
 use std::io;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -35,6 +36,11 @@ const RECONNECT_BUFFER_BYTES: usize = 64 * 1024;
 /// [`MAX_RETRY_DELAY`].
 const FIRST_RETRY_DELAY: Duration = Duration::from_secs(1);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(15);
+/// First and longest delay between reconnect attempts to one server.
+const RECONNECT_FIRST_DELAY: Duration = Duration::from_millis(100);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
+/// Bound on closing the connection.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Stack of the short-lived thread running one connection attempt.
 const CONNECT_THREAD_STACK_BYTES: usize = 256 * 1024;
 
@@ -76,7 +82,11 @@ impl ConnState {
 /// The connection every thread of the agent shares.
 #[derive(Debug)]
 pub struct Nats {
-    conn: nats::Connection,
+    /// Never dropped: dropping the crate's last handle joins its
+    /// connection thread, which never ends while no server answers (its
+    /// reconnect loop does not check for close). [`Nats::close`] closes it
+    /// with a bound instead, and process exit releases the socket.
+    conn: ManuallyDrop<nats::Connection>,
     device: DeviceId,
     state: Arc<ConnState>,
     inbox: Inbox,
@@ -111,6 +121,9 @@ impl Nats {
         timeout: Duration,
     ) -> Result<nats::Message, RequestError> {
         match self.inbox.request(&self.conn, subject, payload, timeout) {
+            Err(RequestError::Timeout { subject, .. }) if !self.is_connected() => {
+                Err(RequestError::Disconnected { subject })
+            }
             Err(RequestError::Timeout { subject, after, .. }) => Err(RequestError::Timeout {
                 subject,
                 after,
@@ -129,15 +142,35 @@ impl Nats {
         self.conn.subscribe(subject)
     }
 
-    /// Waits until the server has seen everything published so far.
+    /// Waits up to `timeout` until the server has seen everything
+    /// published so far. (The crate's own timeout covers only the write;
+    /// its wait for the answer is unbounded while reconnecting.)
     pub fn flush(&self, timeout: Duration) -> io::Result<()> {
-        self.conn.flush_timeout(timeout)
+        let conn = nats::Connection::clone(&self.conn);
+        crate::threads::call_within("agent-nats-flush", timeout, move || {
+            conn.flush_timeout(timeout)
+        })
+        .unwrap_or_else(|| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {} ms", timeout.as_millis()),
+            ))
+        })
     }
 
-    /// Stops the inbox dispatcher and closes the connection.
+    /// Stops the inbox dispatcher and closes the connection, waiting at
+    /// most [`CLOSE_TIMEOUT`] (closing blocks while reconnecting).
     pub fn close(&self) {
         self.inbox.stop();
-        self.conn.clone().close();
+        let conn = nats::Connection::clone(&self.conn);
+        if crate::threads::call_within("agent-nats-close", CLOSE_TIMEOUT, move || conn.close())
+            .is_none()
+        {
+            log::warn!(
+                "the NATS connection did not close within {} s; leaving it to process exit",
+                CLOSE_TIMEOUT.as_secs()
+            );
+        }
     }
 }
 
@@ -233,6 +266,22 @@ fn options(
         s.set_error(e.to_string());
     });
     o.close_callback(|| log::info!("NATS connection closed"))
+        .reconnect_delay_callback(reconnect_delay)
+}
+
+/// Delay before a connection attempt to a server that already failed
+/// `attempts` times in a row: none for the first (the crate's default
+/// sleeps up to 1 s even then), then 100 ms doubling to 5 s, plus up to a
+/// quarter more at random so a fleet does not reconnect in step.
+pub fn reconnect_delay(attempts: usize) -> Duration {
+    if attempts == 0 {
+        return Duration::ZERO;
+    }
+    let doublings = u32::try_from(attempts - 1).unwrap_or(u32::MAX).min(6);
+    let base = (RECONNECT_FIRST_DELAY * 2u32.pow(doublings)).min(RECONNECT_MAX_DELAY);
+    let quarter = u64::try_from(base.as_millis() / 4).unwrap_or(0);
+    let jitter = uuid::Uuid::new_v4().as_u64_pair().0 % quarter.saturating_add(1);
+    base + Duration::from_millis(jitter)
 }
 
 fn is_auth_error(e: &io::Error) -> bool {
@@ -294,7 +343,7 @@ pub fn connect(
                 let inbox = Inbox::start(&conn, device).map_err(NatsError::Inbox)?;
                 log::info!(device = device.as_str(), attempt = attempts; "connected to NATS at {servers}");
                 return Ok(Nats {
-                    conn,
+                    conn: ManuallyDrop::new(conn),
                     device: device.clone(),
                     state,
                     inbox,
@@ -323,5 +372,25 @@ pub fn connect(
                 delay = (delay * 2).min(MAX_RETRY_DELAY);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_delays_grow_to_five_seconds_with_jitter() {
+        assert_eq!(reconnect_delay(0), Duration::ZERO);
+        let first = reconnect_delay(1);
+        assert!(
+            first >= Duration::from_millis(100) && first <= Duration::from_millis(125),
+            "{first:?}"
+        );
+        let late = reconnect_delay(50);
+        assert!(
+            late >= Duration::from_secs(5) && late <= Duration::from_millis(6250),
+            "{late:?}"
+        );
     }
 }

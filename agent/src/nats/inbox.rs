@@ -47,6 +47,10 @@ pub enum RequestError {
         after: Duration,
         server_error: Option<String>,
     },
+    /// No reply, and the connection is down (the client is reconnecting).
+    Disconnected {
+        subject: String,
+    },
     /// Nobody subscribes to the subject: for JetStream, the stream (bucket)
     /// does not exist or the API is not imported for this account.
     NoResponders {
@@ -68,6 +72,9 @@ impl fmt::Display for RequestError {
                     Some(e) => write!(f, "; the server said: {e}"),
                     None => write!(f, "; check the connection and this device's NATS permissions"),
                 }
+            }
+            Self::Disconnected { subject } => {
+                write!(f, "no reply on {subject}: NATS is disconnected (reconnecting)")
             }
             Self::NoResponders { subject } => write!(
                 f,
