@@ -247,7 +247,7 @@ impl Ctx {
                 let n = nats::connect(
                     &c.nats,
                     &c.device_id,
-                    Reconnect::Never,
+                    Reconnect::Once,
                     NATS_CONNECT_WINDOW,
                     &Shutdown::new(),
                 )

@@ -49,8 +49,10 @@ const CONNECT_THREAD_STACK_BYTES: usize = 256 * 1024;
 pub enum Reconnect {
     /// The daemon: reconnect forever.
     Forever,
-    /// Probe mode: a lost connection fails the probe.
-    Never,
+    /// Probe mode: after a drop each server is tried once more, then the
+    /// connection closes and the probe fails. (The crate counts the first
+    /// connection as an attempt too, so this is its `max_reconnects(1)`.)
+    Once,
 }
 
 /// Connection events, updated by the client's callbacks.
@@ -238,7 +240,7 @@ fn options(
         .reconnect_buffer_size(RECONNECT_BUFFER_BYTES)
         .max_reconnects(match mode {
             Reconnect::Forever => None,
-            Reconnect::Never => Some(0),
+            Reconnect::Once => Some(1),
         });
     if let Some(tls) = &cfg.tls {
         o = o.tls_required(true);
