@@ -60,6 +60,8 @@ pub enum Reconnect {
 pub struct ConnState {
     generation: AtomicU64,
     connected: AtomicBool,
+    /// Set by [`Nats::close`]: the disconnect that follows is expected.
+    closing: AtomicBool,
     last_server_error: Mutex<Option<String>>,
 }
 
@@ -163,6 +165,7 @@ impl Nats {
     /// Stops the inbox dispatcher and closes the connection, waiting at
     /// most [`CLOSE_TIMEOUT`] (closing blocks while reconnecting).
     pub fn close(&self) {
+        self.state.closing.store(true, Ordering::SeqCst);
         self.inbox.stop();
         let conn = nats::Connection::clone(&self.conn);
         if crate::threads::call_within("agent-nats-close", CLOSE_TIMEOUT, move || conn.close())
@@ -254,7 +257,9 @@ fn options(
     let s = Arc::clone(state);
     let o = o.disconnect_callback(move || {
         s.connected.store(false, Ordering::SeqCst);
-        log::warn!("NATS connection lost; reconnecting");
+        if !s.closing.load(Ordering::SeqCst) {
+            log::warn!("NATS connection lost; reconnecting");
+        }
     });
     let s = Arc::clone(state);
     let o = o.reconnect_callback(move || {
@@ -267,7 +272,7 @@ fn options(
         log::warn!("NATS server error: {e}");
         s.set_error(e.to_string());
     });
-    o.close_callback(|| log::info!("NATS connection closed"))
+    o.close_callback(|| log::debug!("NATS connection closed"))
         .reconnect_delay_callback(reconnect_delay)
 }
 
