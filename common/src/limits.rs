@@ -26,6 +26,11 @@ pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The complete candidate probe (`--self-test`) (seed: 4 min).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(4 * 60);
+/// Output of a probe kept from each of stdout and stderr; the report is one
+/// JSON object, far smaller.
+pub const MAX_SELF_TEST_OUTPUT_BYTES: usize = 64 * 1024;
+/// Checks one self-test report may list.
+pub const MAX_SELF_TEST_CHECKS: usize = 32;
 
 /// systemd's stop bound for the agent unit, `TimeoutStopSec` (seed: 60 s).
 pub const SYSTEMD_STOP_TIMEOUT: Duration = Duration::from_secs(60);

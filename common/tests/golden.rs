@@ -582,3 +582,44 @@ fn socket_requests_and_responses_golden() {
         .collect();
     check("error-codes", &names);
 }
+
+#[test]
+fn self_test_report_golden_and_forward_compatible() {
+    let report = SelfTestReport {
+        version: Version::parse("1.4.0").expect("version"),
+        checks: {
+            let mut c = Bounded::default();
+            c.push(SelfTestCheck {
+                name: BoundedText::truncate("config"),
+                ok: true,
+                detail: None,
+            });
+            c.push(SelfTestCheck {
+                name: BoundedText::truncate("nats"),
+                ok: false,
+                detail: Some(BoundedText::truncate(
+                    "connecting to nats://10.0.0.1:4222: connection refused",
+                )),
+            });
+            c
+        },
+    };
+    check("self-test-report", &report);
+    assert_eq!(
+        report.failures(),
+        vec!["nats: connecting to nats://10.0.0.1:4222: connection refused".to_owned()]
+    );
+    let minimal = SelfTestReport {
+        version: Version::parse("1.4.0").expect("version"),
+        checks: Bounded::default(),
+    };
+    check("self-test-report-minimal", &minimal);
+    // A newer agent may say more: the (never self-updated) updater reads it.
+    let newer: SelfTestReport = serde_json::from_str(
+        r#"{"version":"9.0","features":["oci"],"checks":[{"name":"x","ok":true,"elapsed-ms":3}]}"#,
+    )
+    .expect("newer report parses");
+    assert_eq!(newer.version.as_str(), "9.0");
+    assert!(serde_json::from_str::<SelfTestReport>(r#"{"checks":[]}"#).is_err());
+    assert!(serde_json::from_str::<SelfTestReport>(r#"{"version":"../x"}"#).is_err());
+}

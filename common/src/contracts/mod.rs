@@ -6,6 +6,7 @@ mod bounded;
 mod device;
 mod journal;
 mod local;
+mod selftest;
 mod status;
 mod workload;
 
@@ -20,6 +21,7 @@ pub use local::{
     AgentRequest, ConfigStateName, ConfigStateReply, ErrorBody, ErrorCode, Refusal, Response,
     UpdaterReply, UpdaterRequest,
 };
+pub use selftest::{SelfTestCheck, SelfTestReport};
 pub use status::{StatusTransition, UpgradePhase, UpgradeReason, UpgradeStatus};
 pub use workload::{
     ImageRef, PortMapping, Protocol, PullPolicy, RestartPolicy, SpecError, SpecParseError,
