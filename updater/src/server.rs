@@ -172,7 +172,7 @@ impl UpdaterHandler {
                     });
                 match spawned {
                     Ok(_) => {
-                        if transaction::activate(&mut m).is_ok() {
+                        if transaction::activate(&mut m, &self.ctx).is_ok() {
                             let _ = tx.send(m);
                         }
                     }

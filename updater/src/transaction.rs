@@ -247,8 +247,9 @@ fn install_or_verify(
 
 /// Records `activating`: from here on, a restart rolls back. The cutover
 /// may begin only when this returns `Ok`; otherwise the attempt is failed.
-pub fn activate(m: &mut Mutator) -> Result<(), ()> {
+pub fn activate(m: &mut Mutator, ctx: &Context) -> Result<(), ()> {
     m.step(Step::Stopping);
+    m.detail(format!("stopping {}", ctx.service.unit()));
     match m.enter(JournalPhase::Activating, None, None) {
         Ok(()) => Ok(()),
         Err(e) => {
@@ -272,7 +273,6 @@ pub fn cutover(m: &mut Mutator, ctx: &Context) {
     let link = ctx.layout.active_agent_link();
     let unit = ctx.service.unit().to_owned();
 
-    m.detail(format!("stopping {unit}"));
     fault::hit(FaultPoint::BeforeStopPrevious);
     let stopped = ctx.service.stop(ctx.bounds.stop);
     fault::hit(FaultPoint::AfterStopPrevious);

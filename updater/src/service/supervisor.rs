@@ -454,3 +454,97 @@ impl Worker {
         Some(text.lines().map(str::to_owned).collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Python stand-in agent: sends `notify` (if any) on start, records
+    /// SIGTERM in `<root>/events`, then waits.
+    fn agent(root: &Path, notify: &str) -> Layout {
+        assert!(
+            Path::new("/usr/bin/python3").exists(),
+            "missing /usr/bin/python3: install the Debian package python3"
+        );
+        let layout = Layout::with_root(root);
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        std::fs::create_dir_all(layout.versions_dir()).expect("mkdir");
+        std::fs::create_dir_all(layout.active_agent_link().parent().expect("parent"))
+            .expect("mkdir");
+        let bin = layout.versions_dir().join("fleet-agent-v1");
+        let script = format!(
+            r#"#!/usr/bin/python3
+import os, signal, socket, sys, time
+events = "{root}/events"
+def term(*_):
+    open(events, "a").write("term\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+msg = {notify:?}
+if msg:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.sendto(msg.encode(), os.environ["NOTIFY_SOCKET"])
+while True:
+    time.sleep(60)
+"#,
+            root = root.display()
+        );
+        std::fs::write(&bin, script).expect("write");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::os::unix::fs::symlink(&bin, layout.active_agent_link()).expect("link");
+        layout
+    }
+
+    #[test]
+    fn start_waits_for_ready_and_stop_terms_the_agent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let layout = agent(dir.path(), "STATUS=warming up\nREADY=1");
+        let s = Supervisor::spawn(&layout, "nobody", "fleet-agent.service").expect("spawn");
+        s.start(Duration::from_secs(20)).expect("ready");
+        let id = s.invocation_id().expect("invocation id");
+        assert_eq!(id.len(), 32);
+        assert_eq!(
+            s.view.lock().expect("view").status.as_deref(),
+            Some("warming up")
+        );
+        // Starting an active service changes nothing (systemctl semantics).
+        s.start(Duration::from_secs(20)).expect("still ready");
+        assert_eq!(s.invocation_id(), Some(id));
+        let drained = s.stop(Duration::from_secs(20)).expect("stopped");
+        assert!(drained < Duration::from_secs(20));
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("events")).expect("events"),
+            "term\n"
+        );
+        assert_eq!(
+            s.stop(Duration::from_secs(1)).expect("no-op"),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn no_ready_within_the_bound_is_a_start_failure() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let layout = agent(dir.path(), "STATUS=never ready");
+        let s = Supervisor::spawn(&layout, "nobody", "fleet-agent.service").expect("spawn");
+        let e = s.start(Duration::from_millis(800)).expect_err("not ready");
+        assert_eq!(
+            e.to_string(),
+            "start fleet-agent.service: the agent did not send READY=1 within 0.8 s; the agent was killed"
+        );
+    }
+
+    #[test]
+    fn exiting_before_ready_is_a_start_failure() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let layout = agent(dir.path(), "");
+        let bin = layout.versions_dir().join("fleet-agent-v1");
+        std::fs::write(&bin, "#!/bin/sh\necho crashing >&2\nexit 3\n").expect("write");
+        let s = Supervisor::spawn(&layout, "nobody", "fleet-agent.service").expect("spawn");
+        let e = s.start(Duration::from_secs(20)).expect_err("crashed");
+        assert_eq!(
+            e.to_string(),
+            "start fleet-agent.service: the agent exited with exit code 3 before sending READY=1"
+        );
+    }
+}
