@@ -346,12 +346,25 @@ pub fn stream_verified(
     let mut buf = vec![0u8; CHUNK_BYTES];
     let mut received: u64 = 0;
     loop {
-        let n = match body.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(source) => return Err(StreamError::Read { received, source }),
-        };
+        // Fill the whole buffer (TLS yields one 16 KiB record per read), so
+        // hashing and writing run on large blocks: one write call per chunk.
+        let mut n = 0;
+        while n < buf.len() {
+            match body.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(StreamError::Read {
+                        received: received + n as u64,
+                        source,
+                    })
+                }
+            }
+        }
+        if n == 0 {
+            break;
+        }
         received += n as u64;
         if received > limit {
             return Err(StreamError::TooLarge);

@@ -225,6 +225,7 @@ fn install_or_verify(
     }
     m.detail(format!("downloading {}", attempt.artifact_url));
     let mut out = AtomicFile::create(target, AGENT_MODE).map_err(|e| install(e.to_string()))?;
+    let started = std::time::Instant::now();
     let fetched = ctx
         .fetcher
         .fetch(&attempt.artifact_url, attempt.max_bytes.get(), &mut out)
@@ -239,9 +240,16 @@ fn install_or_verify(
             ),
         ));
     }
+    let fetch_ms = started.elapsed().as_millis();
     out.commit().map_err(|e| install(e.to_string()))?;
     let uuid = attempt.uuid.to_string();
-    log::info!(attempt = uuid.as_str(); "installed {} ({} bytes, sha256 verified)", target.display(), fetched.bytes);
+    log::info!(
+        attempt = uuid.as_str();
+        "installed {} ({} bytes; downloaded and verified in {fetch_ms} ms, synced to disk in {} ms)",
+        target.display(),
+        fetched.bytes,
+        started.elapsed().as_millis() - fetch_ms
+    );
     Ok(())
 }
 
