@@ -118,7 +118,7 @@ impl Supervisor {
             let path = path.to_owned();
             move |source| SupervisorError { step, path, source }
         };
-        let _ = std::fs::remove_dir_all(&dir);
+        remove_stale_dirs(&layout.run_dir());
         std::fs::create_dir_all(&dir).map_err(err("creating", &dir))?;
         // Traversable by the agent's user, who must reach the socket.
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
@@ -200,6 +200,22 @@ impl ServiceManager for Supervisor {
 
     fn boot(&self, bound: Duration) -> Result<(), ServiceError> {
         self.start(bound)
+    }
+}
+
+/// Notify directories of earlier (crashed) supervisors of this root.
+fn remove_stale_dirs(run_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(run_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("supervisor.")
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
