@@ -16,10 +16,10 @@
 use std::fmt;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 use fleet_common::contracts::UpgradeReason;
-use fleet_common::durable::{AtomicFile, DurableError};
+use fleet_common::durable::{AtomicFile, DurableError, DurableStep};
 use fleet_common::limits::MAX_ARTIFACT_BYTES;
 use fleet_common::validate::{ArtifactUrl, HttpsUrl, OciReference, Sha256Hex};
 use rustls_pki_types::pem::PemObject;
@@ -33,6 +33,8 @@ pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Read size of the streaming path: large enough that hashing and writing
 /// run at memory speed, small enough to keep the updater's RSS flat.
 const CHUNK_BYTES: usize = 128 * 1024;
+/// Blocks in flight between the reading and the hashing thread.
+const PIPELINE_BLOCKS: usize = 3;
 
 /// A fetch that did not produce the artifact.
 #[derive(Debug)]
@@ -337,31 +339,114 @@ pub enum StreamError {
 
 /// Copies `body` into `out` until EOF, hashing as it goes, refusing more
 /// than `limit` bytes (it reads one byte past the limit to know).
+///
+/// Two threads share the work: this one reads (for HTTPS, that is TLS
+/// decryption) while a scoped `updater-hash` thread hashes and writes the
+/// blocks already read; [`PIPELINE_BLOCKS`] blocks circulate between them,
+/// so memory stays bounded. If that thread cannot be created, one thread
+/// does everything.
 pub fn stream_verified(
     mut body: impl Read,
     limit: u64,
     out: &mut AtomicFile,
 ) -> Result<Fetched, StreamError> {
-    let mut hasher = sha2::Sha256::new();
-    let mut buf = vec![0u8; CHUNK_BYTES];
-    let mut received: u64 = 0;
-    loop {
-        // Fill the whole buffer (TLS yields one 16 KiB record per read), so
-        // hashing and writing run on large blocks: one write call per chunk.
-        let mut n = 0;
-        while n < buf.len() {
-            match body.read(&mut buf[n..]) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(StreamError::Read {
+    match pipelined(&mut body, limit, out) {
+        Some(result) => result,
+        None => {
+            log::warn!("cannot start the hashing thread; hashing on the download thread");
+            sequential(&mut body, limit, out)
+        }
+    }
+}
+
+/// [`stream_verified`] on two threads; `None` when the second thread
+/// cannot be created (nothing was read then).
+fn pipelined(
+    body: &mut impl Read,
+    limit: u64,
+    out: &mut AtomicFile,
+) -> Option<Result<Fetched, StreamError>> {
+    std::thread::scope(|scope| {
+        let (full_tx, full_rx) = mpsc::sync_channel::<(Vec<u8>, usize)>(PIPELINE_BLOCKS);
+        let (free_tx, free_rx) = mpsc::channel::<Vec<u8>>();
+        let writer = std::thread::Builder::new()
+            .name("updater-hash".to_owned())
+            .spawn_scoped(scope, move || -> Result<Sha256Hex, DurableError> {
+                let mut hasher = sha2::Sha256::new();
+                for (block, n) in full_rx {
+                    hasher.update(&block[..n]);
+                    out.write_all(&block[..n])?;
+                    // The reader may have stopped; the block is then dropped.
+                    let _ = free_tx.send(block);
+                }
+                Ok(Sha256Hex::from_digest(&hasher.finalize().into()))
+            })
+            .ok()?;
+        let mut spare: Vec<Vec<u8>> = (0..PIPELINE_BLOCKS)
+            .map(|_| vec![0u8; CHUNK_BYTES])
+            .collect();
+        let mut received: u64 = 0;
+        let outcome = loop {
+            let mut block = match spare.pop() {
+                Some(b) => b,
+                None => match free_rx.recv() {
+                    Ok(b) => b,
+                    // The writer stopped: its error is collected below.
+                    Err(_) => break Ok(()),
+                },
+            };
+            let n = match fill(body, &mut block) {
+                Ok(n) => n,
+                Err((n, source)) => {
+                    break Err(StreamError::Read {
                         received: received + n as u64,
                         source,
                     })
                 }
+            };
+            if n == 0 {
+                break Ok(());
             }
-        }
+            received += n as u64;
+            if received > limit {
+                break Err(StreamError::TooLarge);
+            }
+            if full_tx.send((block, n)).is_err() {
+                break Ok(());
+            }
+        };
+        drop(full_tx);
+        let hashed = writer.join().unwrap_or_else(|_| {
+            Err(DurableError {
+                step: DurableStep::Write,
+                path: PathBuf::from("the download"),
+                source: io::Error::other("the hashing thread panicked"),
+            })
+        });
+        Some(outcome.and_then(|()| {
+            let sha256 = hashed.map_err(StreamError::Write)?;
+            Ok(Fetched {
+                bytes: received,
+                sha256,
+            })
+        }))
+    })
+}
+
+/// [`stream_verified`] on the calling thread alone.
+fn sequential(
+    body: &mut impl Read,
+    limit: u64,
+    out: &mut AtomicFile,
+) -> Result<Fetched, StreamError> {
+    let mut hasher = sha2::Sha256::new();
+    let mut block = vec![0u8; CHUNK_BYTES];
+    let mut received: u64 = 0;
+    loop {
+        let n = fill(body, &mut block).map_err(|(n, source)| StreamError::Read {
+            received: received + n as u64,
+            source,
+        })?;
         if n == 0 {
             break;
         }
@@ -369,13 +454,29 @@ pub fn stream_verified(
         if received > limit {
             return Err(StreamError::TooLarge);
         }
-        hasher.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(StreamError::Write)?;
+        hasher.update(&block[..n]);
+        out.write_all(&block[..n]).map_err(StreamError::Write)?;
     }
     Ok(Fetched {
         bytes: received,
         sha256: Sha256Hex::from_digest(&hasher.finalize().into()),
     })
+}
+
+/// Reads until `block` is full or EOF (TLS yields one 16 KiB record per
+/// read), so hashing and writing run on large blocks. On error, also says
+/// how many bytes of this block had arrived.
+fn fill(body: &mut impl Read, block: &mut [u8]) -> Result<usize, (usize, io::Error)> {
+    let mut n = 0;
+    while n < block.len() {
+        match body.read(&mut block[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err((n, e)),
+        }
+    }
+    Ok(n)
 }
 
 /// SHA-256 of a file, streamed.
@@ -410,6 +511,19 @@ mod tests {
         let mut out = AtomicFile::create(&target, 0o755).expect("create");
         assert!(matches!(
             stream_verified(&data[..], 299_999, &mut out),
+            Err(StreamError::TooLarge)
+        ));
+        // The single-thread fallback gives the same answers.
+        let mut out = AtomicFile::create(&target, 0o755).expect("create");
+        assert_eq!(
+            sequential(&mut &data[..], 300_000, &mut out).expect("fits"),
+            got
+        );
+        out.commit().expect("commit");
+        assert_eq!(std::fs::read(&target).expect("read"), data);
+        let mut out = AtomicFile::create(&target, 0o755).expect("create");
+        assert!(matches!(
+            sequential(&mut &data[..], 299_999, &mut out),
             Err(StreamError::TooLarge)
         ));
         let f = dir.path().join("f");
