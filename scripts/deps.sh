@@ -10,6 +10,9 @@ NEEDS=(
   nats-server:nats-server
   podman:podman
   runc:runc
+  conmon:conmon
+  /usr/lib/podman/netavark:netavark
+  iptables:iptables
   /bin/busybox:busybox-static
   docker-registry:docker-registry
   skopeo:skopeo

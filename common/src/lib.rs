@@ -8,6 +8,7 @@ pub mod durable;
 pub mod layout;
 pub mod limits;
 pub mod logging;
+pub mod nats_config;
 pub mod process;
 pub mod socket;
 pub mod subjects;

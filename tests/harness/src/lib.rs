@@ -1,1 +1,122 @@
-//! Test harness.
+//! `fleet-harness`: real parts for every test — nats-server (single, fleet
+//! layout, 3-node cluster; Debian 2.9 and 2.14), an isolated Podman, an HTTPS
+//! server with a test CA, and child processes that are killed and reaped when
+//! a test ends, whatever way it ends.
+//!
+//! Everything a test starts lives in a guard whose `Drop` stops it and removes
+//! its temp dirs. Ports are random, nothing is global but `OnceLock` caches,
+//! so tests run in parallel threads.
+
+mod https;
+mod nats;
+mod podman;
+mod proc;
+
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+pub use https::{
+    Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
+};
+pub use nats::{
+    device_password, fleet_server_config, NatsCluster, NatsServer, NatsVersion, NATS_ADMIN_PASSWORD,
+};
+pub use podman::{Podman, BUSYBOX_IMAGE};
+pub use proc::ChildGuard;
+
+/// How often [`poll_until`] checks its condition.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// The workspace root (the harness lives at `<root>/tests/harness`).
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .nth(2)
+        .expect("the harness manifest dir is <workspace>/tests/harness")
+        .to_path_buf()
+}
+
+/// The path of `tool` (a command looked up in `PATH` and the sbin dirs, or an
+/// absolute path). Panics "missing <tool>: install the Debian package
+/// <package> (make deps)".
+pub fn require_tool(tool: &str, package: &str) -> PathBuf {
+    find_tool(tool).unwrap_or_else(|| {
+        panic!("missing {tool}: install the Debian package {package} (make deps)")
+    })
+}
+
+/// `tool` if it exists: an absolute path as is, else the first executable in
+/// `PATH`, `/usr/sbin`, `/sbin` (Debian puts nats-server in /usr/sbin, which
+/// is not in every user's PATH).
+pub(crate) fn find_tool(tool: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        p.metadata()
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if tool.contains('/') {
+        let p = PathBuf::from(tool);
+        return executable(&p).then_some(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|dir| dir.join(tool))
+        .find(|p| executable(p))
+}
+
+/// The target dir of this build: the test binary runs from
+/// `<target>/debug/deps/`, so its grandparent is `<target>/debug`.
+fn profile_dir() -> PathBuf {
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(deps) = exe.parent() {
+            if deps.file_name().is_some_and(|n| n == "deps") {
+                if let Some(profile) = deps.parent() {
+                    return profile.to_path_buf();
+                }
+            }
+        }
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|t| {
+            if t.is_absolute() {
+                t
+            } else {
+                workspace_root().join(t)
+            }
+        })
+        .unwrap_or_else(|| workspace_root().join("target"));
+    target.join("debug")
+}
+
+/// Path of a workspace binary built by `cargo build --workspace --bins`
+/// (`target/debug/<name>`); panics when it is missing.
+pub fn bin_path(name: &str) -> PathBuf {
+    let path = profile_dir().join(name);
+    if !path.is_file() {
+        panic!(
+            "missing binary {}: run `make build` (cargo build --workspace --bins)",
+            path.display()
+        );
+    }
+    path
+}
+
+/// Polls `f` every 20 ms until it returns `Some` or `timeout` passes; panics
+/// with `what` on timeout.
+pub fn poll_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        thread::sleep(POLL_INTERVAL);
+    }
+}

