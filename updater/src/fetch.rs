@@ -271,8 +271,11 @@ impl Fetcher {
         if status != 200 {
             return Err(FetchError::Status { url: shown, status });
         }
+        // A Transfer-Encoding overrides Content-Length (RFC 9112 6.3): the
+        // length is then only known by counting.
         let declared = response
             .header("content-length")
+            .filter(|_| response.header("transfer-encoding").is_none())
             .and_then(|v| v.trim().parse::<u64>().ok());
         if let Some(declared) = declared {
             if declared > limit {
@@ -304,10 +307,15 @@ impl Fetcher {
     }
 }
 
-/// ureq's transport error with its causes, timeouts named as such.
+/// ureq's transport error without the URL (the caller names it), with its
+/// causes, and the way forward for the usual ones.
 fn transport_message(t: &ureq::Transport) -> String {
     use std::error::Error;
-    let mut msg = t.to_string();
+    let mut msg = t.kind().to_string();
+    if let Some(m) = t.message() {
+        msg.push_str(": ");
+        msg.push_str(m);
+    }
     let mut source = t.source();
     while let Some(s) = source {
         let text = s.to_string();
@@ -316,6 +324,16 @@ fn transport_message(t: &ureq::Transport) -> String {
             msg.push_str(&text);
         }
         source = s.source();
+    }
+    if msg.contains("certificate") {
+        msg.push_str(
+            "; the server's certificate is not trusted: give its CA in ca-file of the updater config, or fix the server's chain",
+        );
+    } else if matches!(
+        t.kind(),
+        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
+    ) {
+        msg.push_str("; check the URL and the device's network");
     }
     msg
 }

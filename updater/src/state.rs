@@ -158,6 +158,20 @@ impl Mutator {
         r
     }
 
+    /// Records an error in the current phase (no transition), writes the
+    /// journal, publishes.
+    pub fn note(&mut self, step: &str, message: &str) -> Result<(), JournalWriteError> {
+        let Some(phase) = self.transaction().map(|t| t.phase) else {
+            return Ok(());
+        };
+        let now = Timestamp::now();
+        let r = self
+            .store_mut()
+            .update(phase, |tx| tx.record_error(step, message, now));
+        self.publish();
+        r
+    }
+
     fn live_drain(&self) -> Option<u64> {
         let p = lock(&self.shared.published);
         p.live.drain_ms

@@ -492,6 +492,13 @@ pub fn recover(m: &mut Mutator, ctx: &Context) -> Result<Pending, RecoveryError>
         JournalPhase::Committed => Pending::Nothing,
         // | rolling-back | restore the previous link and repeat stop/start |
         JournalPhase::RollingBack => {
+            // Not a phase change, but the person repairing should see it.
+            if let Err(e) = m.note(
+                "recovery",
+                "the updater restarted while rolling back; repeating the rollback",
+            ) {
+                log::error!("{e}");
+            }
             let cause = cause.unwrap_or(UpgradeReason::Interrupted);
             restore_or_quarantine(m, ctx, cause)?
         }

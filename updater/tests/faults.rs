@@ -16,7 +16,7 @@
 mod support;
 
 use fleet_common::contracts::{JournalPhase, Response, UpgradePhase, UpgradeReason};
-use fleet_harness::https::{Behavior, HttpsServer, TestCa};
+use fleet_harness::{Behavior, HttpsServer, TestCa};
 use fleet_updater::FaultPoint;
 use support::{attempt, Device, Run, SelfTest, StandIn};
 
@@ -119,6 +119,14 @@ fn crash_and_recover(point: FaultPoint, scenario: Scenario, expect: Expect) {
             }
         }
     }
+    eprintln!(
+        "{point} ({scenario:?}): events {:?}; journal {:?}",
+        device.events(),
+        tx.transitions
+            .iter()
+            .map(|t| (t.phase, t.reason))
+            .collect::<Vec<_>>()
+    );
     // The journal is one durable record a person can follow.
     assert!(tx.transitions.iter().any(|t| t.phase == expect.phase));
     assert_eq!(journal.finished.last().map(|f| f.uuid), Some(a.uuid));
@@ -223,7 +231,7 @@ fn a_crash_during_recovery_is_recovered_by_the_next_start() {
     let _ = t.join();
     // Recovery records rolling-back, restores the link, and dies before
     // starting the previous agent.
-    let mut second = device.start_updater_with_fault(FaultPoint::BeforeStartPrevious);
+    let mut second = device.launch_updater_with_fault(FaultPoint::BeforeStartPrevious);
     second.wait_aborted();
     assert_eq!(
         device.journal().transaction.expect("tx").phase,
@@ -248,5 +256,18 @@ fn a_crash_during_recovery_is_recovered_by_the_next_start() {
         .iter()
         .map(|e| e.step.as_str())
         .collect();
-    assert_eq!(errors, ["recovery"], "{journal:#?}");
+    // One record per interrupted start: the cutover, then the rollback.
+    assert_eq!(errors, ["recovery", "recovery"], "{journal:#?}");
+    let messages: Vec<&str> = journal
+        .transaction
+        .as_ref()
+        .expect("tx")
+        .errors
+        .iter()
+        .map(|e| e.message.as_str())
+        .collect();
+    assert_eq!(
+        messages[1],
+        "the updater restarted while rolling back; repeating the rollback"
+    );
 }

@@ -7,7 +7,7 @@ mod support;
 
 use fleet_common::contracts::{ErrorCode, JournalPhase, Response, UpgradePhase, UpgradeReason};
 use fleet_common::validate::MaxBytes;
-use fleet_harness::https::{Behavior, HttpsServer, TestCa};
+use fleet_harness::{Behavior, HttpsServer, TestCa};
 use support::{attempt, Device, Run, SelfTest, StandIn};
 
 fn setup(candidate: &StandIn) -> (TestCa, HttpsServer, Device) {
@@ -253,6 +253,9 @@ fn an_installed_binary_with_other_content_is_never_overwritten() {
 
     // An identical one is re-verified and used without a download.
     std::fs::write(device.binary("2.0"), v2.script()).expect("plant good");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(device.binary("2.0"), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
     let status = device.upgrade_ok(&attempt(&server.url("/agent"), &v2));
     assert_eq!(status.phase, UpgradePhase::Stopping);
     assert_eq!(device.wait_terminal().phase, UpgradePhase::Complete);

@@ -27,9 +27,9 @@ use fleet_common::validate::{
     Arch, ArtifactUrl, AttemptUuid, DeviceId, MaxBytes, Sha256Hex, Version,
 };
 use fleet_common::Layout;
-use fleet_harness::https::TestCa;
 use fleet_harness::poll_until;
-use fleet_harness::proc::ChildGuard;
+use fleet_harness::ChildGuard;
+use fleet_harness::TestCa;
 
 /// Shortened bounds for the updater under test (ms): a candidate that
 /// never becomes ready fails in seconds, not 4 min 15 s.
@@ -40,8 +40,8 @@ pub const SETTLE: Duration = Duration::from_secs(60);
 
 /// The fault-injection build is required (the Makefile's test run enables it).
 pub fn require_test_build() {
-    assert!(
-        cfg!(feature = "fault-injection"),
+    #[cfg(not(feature = "fault-injection"))]
+    panic!(
         "these tests need the test build of the updater: cargo test -p fleet-updater --features fault-injection (make test does)"
     );
 }
@@ -279,12 +279,26 @@ impl Device {
         self.spawn_updater(Some(point))
     }
 
+    /// Starts the updater armed at `point` without waiting for anything
+    /// (it may abort during recovery).
+    pub fn launch_updater_with_fault(&self, point: fleet_updater::FaultPoint) -> Updater {
+        let mut cmd = self.updater_command();
+        cmd.env(fleet_updater::FAULT_ENV, point.as_str());
+        Updater {
+            guard: ChildGuard::spawn(cmd, "fleet-updater"),
+        }
+    }
+
     fn spawn_updater(&self, fault: Option<fleet_updater::FaultPoint>) -> Updater {
         let mut cmd = self.updater_command();
         if let Some(p) = fault {
             cmd.env(fleet_updater::FAULT_ENV, p.as_str());
         }
         let guard = ChildGuard::spawn(cmd, "fleet-updater");
+        // Recovery (or, with nothing to recover, the supervisor's boot start
+        // of the agent) holds the mutator until this line: an `upgrade`
+        // before it is answered `busy`.
+        guard.wait_for_line("recovery complete", SETTLE);
         let updater = Updater { guard };
         poll_until("the updater socket answers", SETTLE, || {
             self.try_status().ok()
