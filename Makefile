@@ -22,7 +22,7 @@ build:
 
 ## The one command: dependencies, lint, build, every test.
 test: deps lint build
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) test --workspace --no-fail-fast --features fleet-updater/fault-injection
 
 ## One demo device against a local nats-server (Ctrl-C stops and cleans up).
 demo: deps build

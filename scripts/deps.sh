@@ -22,6 +22,7 @@ NEEDS=(
   systemd-analyze:systemd
   unzip:unzip
   pip3:python3-pip
+  /usr/bin/python3:python3
   qemu-aarch64-static:qemu-user-static
   aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu
   arm-linux-gnueabihf-gcc:gcc-arm-linux-gnueabihf

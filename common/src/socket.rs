@@ -506,19 +506,24 @@ pub fn call<Req: Serialize, T: DeserializeOwned>(
     })?;
     line.push(b'\n');
     stream.set_write_timeout(Some(timeout)).map_err(io_err)?;
-    stream.write_all(&line).map_err(io_err)?;
-    match read_line(&mut stream, deadline) {
-        Ok(bytes) => Response::from_slice(&bytes).map_err(|source| ClientError::Malformed {
+    // A server that refuses before reading (busy, forbidden) writes its
+    // answer and closes: the write then fails (EPIPE) while the answer is
+    // already waiting to be read. Read it; report the write error only when
+    // there is no answer.
+    let write_error = stream.write_all(&line).err();
+    match (read_line(&mut stream, deadline), write_error) {
+        (Ok(bytes), _) => Response::from_slice(&bytes).map_err(|source| ClientError::Malformed {
             path: path.to_owned(),
             source,
         }),
-        Err(ReadError::Timeout) => Err(ClientError::Timeout {
+        (Err(_), Some(source)) => Err(io_err(source)),
+        (Err(ReadError::Timeout), None) => Err(ClientError::Timeout {
             path: path.to_owned(),
             after: timeout,
         }),
-        Err(ReadError::TooLarge) => Err(ClientError::TooLarge {
+        (Err(ReadError::TooLarge), None) => Err(ClientError::TooLarge {
             path: path.to_owned(),
         }),
-        Err(ReadError::Io(source)) => Err(io_err(source)),
+        (Err(ReadError::Io(source)), None) => Err(io_err(source)),
     }
 }

@@ -154,6 +154,22 @@ fn a_peer_that_is_not_allowed_is_refused_before_reading() {
 }
 
 #[test]
+fn a_refusal_before_reading_reaches_a_client_still_writing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = PeerPolicy {
+        uids: vec![me().wrapping_add(4242)],
+        gids: vec![u32::MAX - 7],
+    };
+    let (_h, path, _handler) = start(dir.path(), policy);
+    // Larger than the socket buffer: the write is still going when the
+    // server answers and closes, so it fails (EPIPE); the answer is there.
+    let big = serde_json::json!({"request": "status", "pad": "x".repeat(600_000)});
+    let r: Response<UpdaterReply> =
+        socket::call(&path, &big, Duration::from_secs(5)).expect("the refusal is read");
+    assert!(matches!(r, Response::Err(e) if e.code == ErrorCode::Forbidden));
+}
+
+#[test]
 fn group_membership_admits_a_peer() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_, gid) = fleet_common::users::current_ids();

@@ -1,30 +1,46 @@
-//! `fleet-updater`: the root daemon that replaces the agent binary through a
-//! durable, crash-safe transaction with rollback.
+//! `fleet-updater`: parses the command line, runs one command, maps its
+//! error to an exit code (1: failure, 2: usage).
 
 use std::process::ExitCode;
 
-const HELP: &str = "fleet-updater: replaces the fleet agent through a crash-safe transaction
-
-Usage:
-  fleet-updater run                   run the daemon (under systemd, as root)
-  fleet-updater status [--json]       show the current or last transaction
-  fleet-updater --help | --version
-";
+use fleet_updater::cli::{self, Command};
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("--version") | Some("-V") => {
+    let command = match cli::parse(std::env::args_os().skip(1)) {
+        Ok(c) => c,
+        Err(usage) => {
+            eprintln!("fleet-updater: {usage}; see fleet-updater --help");
+            return ExitCode::from(2);
+        }
+    };
+    match command {
+        Command::Help => {
+            print!("{}", cli::HELP);
+            ExitCode::SUCCESS
+        }
+        Command::Version => {
             println!("fleet-updater {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
-        Some("--help") | Some("-h") | None => {
-            print!("{HELP}");
-            ExitCode::SUCCESS
-        }
-        Some(other) => {
-            eprintln!("fleet-updater: unknown command {other:?}; see fleet-updater --help");
-            ExitCode::from(2)
+        Command::Status { root, json } => match cli::status(root, json) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("fleet-updater: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run(args) => {
+            fleet_common::logging::init("fleet-updater");
+            match fleet_updater::run(args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    log::error!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
 }

@@ -1,0 +1,221 @@
+//! `fleet-updater run`: the daemon's start, in the order the seed requires.
+//!
+//! 1. Settings: config file, bounds, directories; stale download temp files
+//!    removed.
+//! 2. The journal: a corrupt one stops here, before any socket exists.
+//! 3. The HTTPS client and the service manager.
+//! 4. Recovery, first half: the previous link selected and the recovery
+//!    phase persisted ([`transaction::recover`]).
+//! 5. The socket, then `READY=1`.
+//! 6. Recovery, second half (stop/start), on the `updater-recovery` thread,
+//!    which holds the mutator meanwhile (an `upgrade` is told `busy`, a
+//!    `status` is answered).
+//!
+//! SIGTERM ends the process like a crash would: the journal makes every
+//! instant safe, and the next start recovers.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fleet_common::layout::AGENT_GROUP;
+use fleet_common::socket::{PeerPolicy, SocketError, SocketServer};
+use fleet_common::{users, Layout};
+
+use crate::config::{Bounds, ConfigError, UpdaterConfig};
+use crate::fetch::{Fetcher, TlsSetupError};
+use crate::journal::{Found, JournalLoadError, JournalStore};
+use crate::server::UpdaterHandler;
+use crate::service::SupervisorError;
+use crate::service::{ManagerKind, ServiceManager, Supervisor, Systemctl};
+use crate::state::Shared;
+use crate::status::StatusInfo;
+use crate::transaction::{self, Context, RecoveryError};
+
+/// Socket mode: owner and group read-write (root and the agent's group).
+const SOCKET_MODE: u32 = 0o660;
+
+/// `fleet-updater run` arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunArgs {
+    pub root: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub manager: ManagerKind,
+}
+
+/// Why the daemon could not start.
+#[derive(Debug)]
+pub enum DaemonError {
+    Config(ConfigError),
+    Bounds(String),
+    Directory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    Journal(JournalLoadError),
+    Tls(TlsSetupError),
+    Supervisor(SupervisorError),
+    Recovery(RecoveryError),
+    Socket(SocketError),
+}
+
+impl fmt::Display for DaemonError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Config(e) => e.fmt(f),
+            Self::Bounds(e) => f.write_str(e),
+            Self::Directory { path, source } => write!(
+                f,
+                "creating {}: {source}: check the file system is writable",
+                path.display()
+            ),
+            Self::Journal(e) => e.fmt(f),
+            Self::Tls(e) => e.fmt(f),
+            Self::Supervisor(e) => e.fmt(f),
+            Self::Recovery(e) => e.fmt(f),
+            Self::Socket(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for DaemonError {}
+
+/// Runs the daemon; returns only on a start-up error.
+pub fn run(args: RunArgs) -> Result<(), DaemonError> {
+    let layout = args
+        .root
+        .as_ref()
+        .map_or_else(Layout::production, Layout::with_root);
+    let config_path = args
+        .config
+        .clone()
+        .unwrap_or_else(|| layout.updater_config());
+    let config =
+        UpdaterConfig::load(&config_path, args.config.is_some()).map_err(DaemonError::Config)?;
+    let bounds = Bounds::from_env().map_err(DaemonError::Bounds)?;
+    for dir in [
+        layout.updater_state_dir(),
+        layout.run_dir(),
+        layout.versions_dir(),
+    ] {
+        std::fs::create_dir_all(&dir).map_err(|source| DaemonError::Directory {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    remove_stale_downloads(&layout);
+
+    let (store, found) = JournalStore::load(&layout).map_err(DaemonError::Journal)?;
+    if found == Found::Missing {
+        log::info!(
+            "no journal at {}: no upgrade has run on this device",
+            store.path().display()
+        );
+    }
+    let fetcher = Fetcher::new(config.ca_file.as_deref(), &bounds).map_err(DaemonError::Tls)?;
+    let service: Box<dyn ServiceManager> = match args.manager {
+        ManagerKind::Systemctl => Box::new(Systemctl::new(&config.agent_unit)),
+        ManagerKind::Supervisor => Box::new(
+            Supervisor::spawn(&layout, &config.probe_user, &config.agent_unit)
+                .map_err(DaemonError::Supervisor)?,
+        ),
+    };
+    let info = StatusInfo::new(service.unit());
+    let ctx = Arc::new(Context {
+        layout: layout.clone(),
+        fetcher,
+        service,
+        probe_user: config.probe_user.clone(),
+        bounds,
+    });
+    let shared = Shared::new(store);
+    let mut mutator = shared
+        .try_mutator()
+        .expect("INVARIANT: the first mutator is taken before any other thread exists");
+    let pending = transaction::recover(&mut mutator, &ctx).map_err(DaemonError::Recovery)?;
+
+    let group = users::lookup_group(AGENT_GROUP);
+    let (uid, _) = users::current_ids();
+    let mut uids = vec![0, uid];
+    uids.dedup();
+    let policy = PeerPolicy {
+        uids,
+        gids: group.into_iter().collect(),
+    };
+    let server = SocketServer::bind(
+        "updater",
+        &layout.updater_socket(),
+        SOCKET_MODE,
+        group,
+        policy,
+    )
+    .map_err(DaemonError::Socket)?;
+    let handler = Arc::new(UpdaterHandler::new(
+        Arc::clone(&shared),
+        Arc::clone(&ctx),
+        info,
+    ));
+    let _server = server.spawn(handler).map_err(DaemonError::Socket)?;
+
+    let _ = libsystemd::daemon::notify(
+        false,
+        &[
+            libsystemd::daemon::NotifyState::Ready,
+            libsystemd::daemon::NotifyState::Status(format!(
+                "serving {}; recovery: {pending:?}",
+                layout.updater_socket().display()
+            )),
+        ],
+    );
+    log::info!(
+        "fleet-updater ready on {} (recovery pending: {pending:?})",
+        layout.updater_socket().display()
+    );
+
+    // The thread exists before it gets the mutator, so that if it cannot
+    // be created the rest of recovery still runs, here.
+    let (give, take) = std::sync::mpsc::channel();
+    let recovery_ctx = Arc::clone(&ctx);
+    let spawned = std::thread::Builder::new()
+        .name("updater-recovery".to_owned())
+        .spawn(move || {
+            if let Ok(mut m) = take.recv() {
+                transaction::complete_recovery(&mut m, &recovery_ctx, pending);
+                log::info!("recovery complete");
+            }
+        });
+    match spawned {
+        Ok(_) => {
+            let _ = give.send(mutator);
+        }
+        Err(e) => {
+            log::warn!("cannot start the recovery thread ({e}); recovering on the main thread");
+            transaction::complete_recovery(&mut mutator, &ctx, pending);
+            drop(mutator);
+        }
+    }
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Download temp files (`.fleet-agent-v*.tmp.*`) of a crashed run: up to
+/// 100 MiB each, and never anything but leftovers.
+fn remove_stale_downloads(layout: &Layout) {
+    let Ok(entries) = std::fs::read_dir(layout.versions_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(".fleet-agent-v") && name.contains(".tmp.") {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => log::info!("removed the stale download {}", entry.path().display()),
+                Err(e) => log::warn!(
+                    "removing the stale download {}: {e}",
+                    entry.path().display()
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,577 @@
+//! Artifact fetching: one entry point, [`Fetcher::fetch`], dispatching on
+//! the artifact URL's scheme, and one streaming path shared by every source
+//! ([`stream_verified`]): bytes are counted against the limit, hashed and
+//! written to the caller's temp file as they arrive, never held whole in
+//! memory.
+//!
+//! HTTPS: redirects disabled (a 3xx is an error naming its Location), a
+//! connect bound and a whole-request bound, a declared `Content-Length`
+//! above the limit refused before the body is read, and a body that ends
+//! before its declared length refused as truncated. Trust anchors are the
+//! system store plus the config's `ca-file`.
+//!
+//! OCI references are recognised and refused for now: this updater predates
+//! OCI support, and device setup replaces it with one that has it.
+
+use std::fmt;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
+
+use fleet_common::contracts::UpgradeReason;
+use fleet_common::durable::{AtomicFile, DurableError, DurableStep};
+use fleet_common::limits::MAX_ARTIFACT_BYTES;
+use fleet_common::validate::{ArtifactUrl, HttpsUrl, OciReference, Sha256Hex};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
+use sha2::Digest;
+
+use crate::config::Bounds;
+
+/// The Debian/Ubuntu system trust store.
+pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Read size of the streaming path: large enough that hashing and writing
+/// run at memory speed, small enough to keep the updater's RSS flat.
+const CHUNK_BYTES: usize = 128 * 1024;
+/// Blocks in flight between the reading and the hashing thread.
+const PIPELINE_BLOCKS: usize = 3;
+
+/// A fetch that did not produce the artifact.
+#[derive(Debug)]
+pub enum FetchError {
+    OciUnsupported {
+        reference: OciReference,
+    },
+    Request {
+        url: String,
+        message: String,
+    },
+    Status {
+        url: String,
+        status: u16,
+    },
+    Redirect {
+        url: String,
+        status: u16,
+        location: String,
+    },
+    DeclaredTooLarge {
+        url: String,
+        declared: u64,
+        limit: u64,
+    },
+    TooLarge {
+        url: String,
+        limit: u64,
+    },
+    Truncated {
+        url: String,
+        received: u64,
+        message: String,
+    },
+    Body {
+        url: String,
+        received: u64,
+        message: String,
+    },
+    Write(DurableError),
+}
+
+impl fmt::Display for FetchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::OciUnsupported { reference } => write!(
+                f,
+                "{reference}: OCI artifacts are not supported by this updater; run device setup to install an updater with OCI support, or publish the release at an https:// URL"
+            ),
+            Self::Request { url, message } => write!(f, "downloading {url}: {message}"),
+            Self::Status { url, status } => {
+                write!(f, "downloading {url}: the server answered HTTP {status}")
+            }
+            Self::Redirect { url, status, location } => write!(
+                f,
+                "downloading {url}: the server redirects (HTTP {status}, Location: {location}); redirects are refused: publish the artifact at its final https:// URL"
+            ),
+            Self::DeclaredTooLarge { url, declared, limit } => write!(
+                f,
+                "downloading {url}: the server declares {declared} bytes, more than the limit of {limit}"
+            ),
+            Self::TooLarge { url, limit } => write!(
+                f,
+                "downloading {url}: the body exceeds the limit of {limit} bytes; download stopped"
+            ),
+            Self::Truncated { url, received, message } => write!(
+                f,
+                "downloading {url}: the body ended after {received} bytes, before its declared length ({message})"
+            ),
+            Self::Body { url, received, message } => {
+                write!(f, "downloading {url}: reading the body failed after {received} bytes: {message}")
+            }
+            Self::Write(e) => write!(f, "saving the download: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FetchError {}
+
+impl FetchError {
+    /// The public reason of an attempt that failed here.
+    pub fn reason(&self) -> UpgradeReason {
+        match self {
+            Self::DeclaredTooLarge { .. } | Self::TooLarge { .. } => UpgradeReason::TooLarge,
+            Self::OciUnsupported { .. } => UpgradeReason::Artifact,
+            Self::Write(_) => UpgradeReason::Install,
+            _ => UpgradeReason::Download,
+        }
+    }
+}
+
+/// The trust store could not be built.
+#[derive(Debug)]
+pub enum TlsSetupError {
+    CaFile { path: PathBuf, message: String },
+    NoTrustAnchors,
+    Rustls(String),
+}
+
+impl fmt::Display for TlsSetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::CaFile { path, message } => write!(
+                f,
+                "ca-file {}: {message}: give a PEM file of CA certificates",
+                path.display()
+            ),
+            Self::NoTrustAnchors => write!(
+                f,
+                "no trust anchors: {SYSTEM_CA_BUNDLE} is missing and no ca-file is configured; install ca-certificates or set ca-file in the updater config"
+            ),
+            Self::Rustls(m) => write!(f, "setting up TLS: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for TlsSetupError {}
+
+/// What a finished fetch wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    pub bytes: u64,
+    pub sha256: Sha256Hex,
+}
+
+/// Fetches artifacts; built once at start (trust store, timeouts).
+#[derive(Debug)]
+pub struct Fetcher {
+    agent: ureq::Agent,
+}
+
+impl Fetcher {
+    /// Builds the HTTPS client: the system store (when present) plus
+    /// `ca_file`, ring, redirects off, the connect and request bounds.
+    pub fn new(ca_file: Option<&Path>, bounds: &Bounds) -> Result<Self, TlsSetupError> {
+        let mut roots = rustls::RootCertStore::empty();
+        match std::fs::read(SYSTEM_CA_BUNDLE) {
+            Ok(pem) => {
+                for cert in CertificateDer::pem_slice_iter(&pem).flatten() {
+                    // A system bundle may hold a certificate rustls cannot
+                    // use; skipping it is what every TLS client does.
+                    let _ = roots.add(cert);
+                }
+            }
+            Err(e) => log::warn!("system trust store {SYSTEM_CA_BUNDLE} unreadable: {e}"),
+        }
+        if let Some(path) = ca_file {
+            let bad = |message: String| TlsSetupError::CaFile {
+                path: path.to_owned(),
+                message,
+            };
+            let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+            let mut added = 0;
+            for cert in CertificateDer::pem_slice_iter(&pem) {
+                let cert = cert.map_err(|e| bad(format!("not valid PEM: {e}")))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| bad(format!("unusable certificate: {e}")))?;
+                added += 1;
+            }
+            if added == 0 {
+                return Err(bad("no CERTIFICATE block".to_owned()));
+            }
+        }
+        if roots.is_empty() {
+            return Err(TlsSetupError::NoTrustAnchors);
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsSetupError::Rustls(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let agent = ureq::AgentBuilder::new()
+            .tls_config(Arc::new(tls))
+            .https_only(true)
+            .redirects(0)
+            .timeout_connect(bounds.https_connect)
+            .timeout(bounds.https_request)
+            .user_agent(concat!("fleet-updater/", env!("CARGO_PKG_VERSION")))
+            .build();
+        Ok(Self { agent })
+    }
+
+    /// Fetches `url` into `out`, at most `limit` bytes (never more than the
+    /// compiled ceiling), returning the size and SHA-256 of what was written.
+    pub fn fetch(
+        &self,
+        url: &ArtifactUrl,
+        limit: u64,
+        out: &mut AtomicFile,
+    ) -> Result<Fetched, FetchError> {
+        let limit = limit.min(MAX_ARTIFACT_BYTES);
+        match url {
+            ArtifactUrl::Https(u) => self.https(u, limit, out),
+            ArtifactUrl::Oci(reference) => Err(FetchError::OciUnsupported {
+                reference: reference.clone(),
+            }),
+        }
+    }
+
+    fn https(
+        &self,
+        url: &HttpsUrl,
+        limit: u64,
+        out: &mut AtomicFile,
+    ) -> Result<Fetched, FetchError> {
+        let shown = url.to_string();
+        let response = match self.agent.get(&shown).call() {
+            Ok(r) => r,
+            Err(ureq::Error::Status(status, _)) => {
+                return Err(FetchError::Status { url: shown, status })
+            }
+            Err(ureq::Error::Transport(t)) => {
+                return Err(FetchError::Request {
+                    url: shown,
+                    message: transport_message(&t),
+                })
+            }
+        };
+        let status = response.status();
+        if (300..400).contains(&status) {
+            return Err(FetchError::Redirect {
+                url: shown,
+                status,
+                location: response
+                    .header("location")
+                    .unwrap_or("(none)")
+                    .chars()
+                    .take(256)
+                    .collect(),
+            });
+        }
+        if status != 200 {
+            return Err(FetchError::Status { url: shown, status });
+        }
+        // A Transfer-Encoding overrides Content-Length (RFC 9112 6.3): the
+        // length is then only known by counting.
+        let declared = response
+            .header("content-length")
+            .filter(|_| response.header("transfer-encoding").is_none())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(declared) = declared {
+            if declared > limit {
+                return Err(FetchError::DeclaredTooLarge {
+                    url: shown,
+                    declared,
+                    limit,
+                });
+            }
+        }
+        stream_verified(response.into_reader(), limit, out).map_err(|e| match e {
+            StreamError::TooLarge => FetchError::TooLarge { url: shown, limit },
+            StreamError::Read { received, source }
+                if source.kind() == io::ErrorKind::UnexpectedEof && declared.is_some() =>
+            {
+                FetchError::Truncated {
+                    url: shown,
+                    received,
+                    message: source.to_string(),
+                }
+            }
+            StreamError::Read { received, source } => FetchError::Body {
+                url: shown,
+                received,
+                message: describe_io(&source),
+            },
+            StreamError::Write(e) => FetchError::Write(e),
+        })
+    }
+}
+
+/// ureq's transport error without the URL (the caller names it), with its
+/// causes, and the way forward for the usual ones.
+fn transport_message(t: &ureq::Transport) -> String {
+    use std::error::Error;
+    let mut msg = t.kind().to_string();
+    if let Some(m) = t.message() {
+        msg.push_str(": ");
+        msg.push_str(m);
+    }
+    let mut source = t.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    if msg.contains("certificate") {
+        msg.push_str(
+            "; the server's certificate is not trusted: give its CA in ca-file of the updater config, or fix the server's chain",
+        );
+    } else if matches!(
+        t.kind(),
+        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
+    ) {
+        msg.push_str("; check the URL and the device's network");
+    }
+    msg
+}
+
+fn describe_io(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
+            format!("timed out ({e}): the server stalled")
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// A failure of the shared streaming path.
+#[derive(Debug)]
+pub enum StreamError {
+    TooLarge,
+    Read { received: u64, source: io::Error },
+    Write(DurableError),
+}
+
+/// Copies `body` into `out` until EOF, hashing as it goes, refusing more
+/// than `limit` bytes (it reads one byte past the limit to know).
+///
+/// Two threads share the work: this one reads (for HTTPS, that is TLS
+/// decryption) while a scoped `updater-hash` thread hashes and writes the
+/// blocks already read; [`PIPELINE_BLOCKS`] blocks circulate between them,
+/// so memory stays bounded. If that thread cannot be created, one thread
+/// does everything.
+pub fn stream_verified(
+    mut body: impl Read,
+    limit: u64,
+    out: &mut AtomicFile,
+) -> Result<Fetched, StreamError> {
+    match pipelined(&mut body, limit, out) {
+        Some(result) => result,
+        None => {
+            log::warn!("cannot start the hashing thread; hashing on the download thread");
+            sequential(&mut body, limit, out)
+        }
+    }
+}
+
+/// [`stream_verified`] on two threads; `None` when the second thread
+/// cannot be created (nothing was read then).
+fn pipelined(
+    body: &mut impl Read,
+    limit: u64,
+    out: &mut AtomicFile,
+) -> Option<Result<Fetched, StreamError>> {
+    std::thread::scope(|scope| {
+        let (full_tx, full_rx) = mpsc::sync_channel::<(Vec<u8>, usize)>(PIPELINE_BLOCKS);
+        let (free_tx, free_rx) = mpsc::channel::<Vec<u8>>();
+        let writer = std::thread::Builder::new()
+            .name("updater-hash".to_owned())
+            .spawn_scoped(scope, move || -> Result<Sha256Hex, DurableError> {
+                let mut hasher = sha2::Sha256::new();
+                for (block, n) in full_rx {
+                    hasher.update(&block[..n]);
+                    out.write_all(&block[..n])?;
+                    // The reader may have stopped; the block is then dropped.
+                    let _ = free_tx.send(block);
+                }
+                Ok(Sha256Hex::from_digest(&hasher.finalize().into()))
+            })
+            .ok()?;
+        let mut spare: Vec<Vec<u8>> = (0..PIPELINE_BLOCKS)
+            .map(|_| vec![0u8; CHUNK_BYTES])
+            .collect();
+        let mut received: u64 = 0;
+        let outcome = loop {
+            let mut block = match spare.pop() {
+                Some(b) => b,
+                None => match free_rx.recv() {
+                    Ok(b) => b,
+                    // The writer stopped: its error is collected below.
+                    Err(_) => break Ok(()),
+                },
+            };
+            let n = match fill(body, &mut block) {
+                Ok(n) => n,
+                Err((n, source)) => {
+                    break Err(StreamError::Read {
+                        received: received + n as u64,
+                        source,
+                    })
+                }
+            };
+            if n == 0 {
+                break Ok(());
+            }
+            received += n as u64;
+            if received > limit {
+                break Err(StreamError::TooLarge);
+            }
+            if full_tx.send((block, n)).is_err() {
+                break Ok(());
+            }
+        };
+        drop(full_tx);
+        let hashed = writer.join().unwrap_or_else(|_| {
+            Err(DurableError {
+                step: DurableStep::Write,
+                path: PathBuf::from("the download"),
+                source: io::Error::other("the hashing thread panicked"),
+            })
+        });
+        Some(outcome.and_then(|()| {
+            let sha256 = hashed.map_err(StreamError::Write)?;
+            Ok(Fetched {
+                bytes: received,
+                sha256,
+            })
+        }))
+    })
+}
+
+/// [`stream_verified`] on the calling thread alone.
+fn sequential(
+    body: &mut impl Read,
+    limit: u64,
+    out: &mut AtomicFile,
+) -> Result<Fetched, StreamError> {
+    let mut hasher = sha2::Sha256::new();
+    let mut block = vec![0u8; CHUNK_BYTES];
+    let mut received: u64 = 0;
+    loop {
+        let n = fill(body, &mut block).map_err(|(n, source)| StreamError::Read {
+            received: received + n as u64,
+            source,
+        })?;
+        if n == 0 {
+            break;
+        }
+        received += n as u64;
+        if received > limit {
+            return Err(StreamError::TooLarge);
+        }
+        hasher.update(&block[..n]);
+        out.write_all(&block[..n]).map_err(StreamError::Write)?;
+    }
+    Ok(Fetched {
+        bytes: received,
+        sha256: Sha256Hex::from_digest(&hasher.finalize().into()),
+    })
+}
+
+/// Reads until `block` is full or EOF (TLS yields one 16 KiB record per
+/// read), so hashing and writing run on large blocks. On error, also says
+/// how many bytes of this block had arrived.
+fn fill(body: &mut impl Read, block: &mut [u8]) -> Result<usize, (usize, io::Error)> {
+    let mut n = 0;
+    while n < block.len() {
+        match body.read(&mut block[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err((n, e)),
+        }
+    }
+    Ok(n)
+}
+
+/// SHA-256 of a file, streamed.
+pub fn hash_file(path: &Path) -> io::Result<Sha256Hex> {
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Sha256Hex::from_digest(&hasher.finalize().into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_hashes_counts_and_stops_past_the_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("a");
+        let data = vec![7u8; 300_000];
+        let mut out = AtomicFile::create(&target, 0o755).expect("create");
+        let got = stream_verified(&data[..], 300_000, &mut out).expect("fits");
+        assert_eq!(got.bytes, 300_000);
+        assert_eq!(got.sha256, Sha256Hex::of(&data));
+        let mut out = AtomicFile::create(&target, 0o755).expect("create");
+        assert!(matches!(
+            stream_verified(&data[..], 299_999, &mut out),
+            Err(StreamError::TooLarge)
+        ));
+        // The single-thread fallback gives the same answers.
+        let mut out = AtomicFile::create(&target, 0o755).expect("create");
+        assert_eq!(
+            sequential(&mut &data[..], 300_000, &mut out).expect("fits"),
+            got
+        );
+        out.commit().expect("commit");
+        assert_eq!(std::fs::read(&target).expect("read"), data);
+        let mut out = AtomicFile::create(&target, 0o755).expect("create");
+        assert!(matches!(
+            sequential(&mut &data[..], 299_999, &mut out),
+            Err(StreamError::TooLarge)
+        ));
+        let f = dir.path().join("f");
+        std::fs::write(&f, &data).expect("write");
+        assert_eq!(hash_file(&f).expect("hash"), Sha256Hex::of(&data));
+    }
+
+    #[test]
+    fn oci_is_refused_with_the_way_forward() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fetcher = Fetcher::new(None, &Bounds::default()).expect("system store");
+        let url = ArtifactUrl::parse("oci://127.0.0.1:5000/fleet/agent:1.0").expect("url");
+        let mut out = AtomicFile::create(&dir.path().join("a"), 0o755).expect("create");
+        let e = fetcher.fetch(&url, 10, &mut out).expect_err("oci");
+        assert_eq!(e.reason(), UpgradeReason::Artifact);
+        assert_eq!(e.to_string(), "oci://127.0.0.1:5000/fleet/agent:1.0: OCI artifacts are not supported by this updater; run device setup to install an updater with OCI support, or publish the release at an https:// URL");
+    }
+
+    #[test]
+    fn ca_file_errors_name_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("ca.pem");
+        std::fs::write(&p, "not pem").expect("write");
+        let e = Fetcher::new(Some(&p), &Bounds::default()).expect_err("no certs");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "ca-file {}: no CERTIFICATE block: give a PEM file of CA certificates",
+                p.display()
+            )
+        );
+    }
+}

@@ -1,0 +1,39 @@
+//! `fleet-updater`: the root daemon that replaces the fleet agent binary
+//! through a durable, crash-safe transaction with rollback (seed 002).
+//!
+//! | module | owns |
+//! |---|---|
+//! | `daemon` | start-up order: journal, recovery, socket, `READY=1` |
+//! | `transaction` | prepare, probe, cutover, rollback, the recovery table |
+//! | `journal` | loading and writing the durable journal |
+//! | `state` | the published status copy and the one mutator token |
+//! | `server` | the socket handler: admission of `upgrade`, `status` |
+//! | `fetch` | artifact download (HTTPS; OCI seam), streaming hash |
+//! | `probe` | the candidate's `--self-test` |
+//! | `service` | stop/start of the agent: systemctl or the supervisor |
+//! | `runas` | how agent processes are spawned (user, env, death signal) |
+//! | `status` | the public status and its rendering |
+//! | `freeze` | the agent's persisted change freeze |
+//! | `config` | the config file and the time bounds |
+//! | `fault` | fault injection points (feature `fault-injection`) |
+//! | `cli` | argument parsing, `status` command |
+
+pub mod cli;
+mod config;
+mod daemon;
+mod fault;
+mod fetch;
+mod freeze;
+mod journal;
+mod probe;
+mod runas;
+mod server;
+mod service;
+mod state;
+mod status;
+mod transaction;
+
+pub use config::TEST_BOUNDS_ENV;
+pub use daemon::{run, DaemonError, RunArgs};
+pub use fault::{FaultPoint, FAULT_ENV};
+pub use service::ManagerKind;

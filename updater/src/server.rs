@@ -1,0 +1,202 @@
+//! The updater socket's handler: `status` (read-only, answered from the
+//! published copy, never waiting on a transaction) and `upgrade`.
+//!
+//! An `upgrade` is admitted in this order, each refusal changing nothing:
+//! 1. `quarantined` while the journal is in `rollback-failed`;
+//! 2. a UUID already seen: the same digest answers its status (idempotent),
+//!    another digest is a `conflict`;
+//! 3. `busy` while another upgrade or a recovery holds the mutator;
+//! 4. `frozen` while the agent's persisted change freeze is on (or unreadable);
+//! 5. `invalid` for another architecture;
+//! 6. `refused` when the active link is not an installed versioned agent.
+//!
+//! It then runs preparation and probe on the request's own thread and
+//! answers when they end; after a successful probe it records `activating`,
+//! hands the mutator to the `updater-cutover` thread and answers
+//! (`stopping`) while the cutover proceeds.
+
+use std::sync::{mpsc, Arc};
+
+use fleet_common::contracts::{
+    AgentUpgradeAttempt, ErrorBody, ErrorCode, Journal, JournalPhase, Response, UpdaterReply,
+    UpdaterRequest,
+};
+use fleet_common::socket::{Handler, Peer, Reply};
+use fleet_common::validate::{Arch, Sha256Hex};
+
+use crate::freeze;
+use crate::state::Shared;
+use crate::status::{self, StatusInfo};
+use crate::transaction::{self, Context, Prepared};
+
+/// Seconds after which a `busy` caller may retry.
+const BUSY_RETRY_AFTER_SECS: u64 = 30;
+
+#[derive(Debug)]
+pub struct UpdaterHandler {
+    shared: Arc<Shared>,
+    ctx: Arc<Context>,
+    info: StatusInfo,
+}
+
+impl UpdaterHandler {
+    pub fn new(shared: Arc<Shared>, ctx: Arc<Context>, info: StatusInfo) -> Self {
+        Self { shared, ctx, info }
+    }
+
+    fn status(&self) -> Reply {
+        let snap = self.shared.snapshot();
+        Response::Ok(UpdaterReply {
+            status: status::current(&snap, &self.info),
+        })
+        .into()
+    }
+
+    fn error(code: ErrorCode, message: impl AsRef<str>) -> Reply {
+        Reply::error(code, message)
+    }
+
+    /// Refusals and answers decided by the journal alone (steps 1 and 2).
+    fn by_identity(
+        &self,
+        journal: &Journal,
+        attempt: &AgentUpgradeAttempt,
+        digest: &Sha256Hex,
+    ) -> Option<Reply> {
+        if let Some(tx) = &journal.transaction {
+            if tx.phase == JournalPhase::RollbackFailed {
+                return Some(Self::error(
+                    ErrorCode::Quarantined,
+                    format!(
+                        "the updater is in rollback-failed after attempt {}: every attempt is refused until root repair (see the repair procedure)",
+                        tx.attempt.uuid
+                    ),
+                ));
+            }
+        }
+        let seen = journal
+            .transaction
+            .as_ref()
+            .filter(|tx| tx.attempt.uuid == attempt.uuid)
+            .map(|tx| (tx.attempt_digest.clone(), None))
+            .or_else(|| {
+                journal
+                    .finished
+                    .iter()
+                    .find(|f| f.uuid == attempt.uuid)
+                    .map(|f| (f.digest.clone(), Some(status::finished(f))))
+            });
+        let (seen_digest, finished) = seen?;
+        if &seen_digest != digest {
+            return Some(Self::error(
+                ErrorCode::Conflict,
+                format!(
+                    "attempt {} was seen before with digest {seen_digest}, this one has digest {digest}: one UUID names one attempt; write a new attempt with a new UUID",
+                    attempt.uuid
+                ),
+            ));
+        }
+        Some(match finished {
+            Some(s) => Response::Ok(UpdaterReply { status: Some(s) }).into(),
+            None => self.status(),
+        })
+    }
+
+    fn upgrade(&self, attempt: AgentUpgradeAttempt, peer: &Peer) -> Reply {
+        let digest = attempt.digest();
+        let uuid = attempt.uuid.to_string();
+        log::info!(attempt = uuid.as_str(); "upgrade to {} requested by uid {} (pid {})", attempt.target_version, peer.uid, peer.pid);
+        if let Some(r) = self.by_identity(&self.shared.snapshot().journal, &attempt, &digest) {
+            return r;
+        }
+        let Some(mut m) = self.shared.try_mutator() else {
+            let snap = self.shared.snapshot();
+            let what = snap
+                .journal
+                .transaction
+                .as_ref()
+                .map(|t| format!(" (attempt {}, phase {})", t.attempt.uuid, t.phase))
+                .unwrap_or_default();
+            let mut body = ErrorBody::new(
+                ErrorCode::Busy,
+                format!("another upgrade or a recovery is in progress{what}: retry when it has finished"),
+            );
+            body.retry_after_secs = Some(BUSY_RETRY_AFTER_SECS);
+            return Response::<()>::Err(body).into();
+        };
+        // The journal may have moved between the first check and the mutator.
+        if let Some(r) = self.by_identity(m.journal(), &attempt, &digest) {
+            return r;
+        }
+        if let Err(why) = freeze::check(&self.ctx.layout) {
+            log::warn!(attempt = uuid.as_str(); "refused: {why}");
+            return Self::error(ErrorCode::Frozen, why);
+        }
+        if Arch::current() != Some(attempt.arch) {
+            let here = Arch::current().map_or("an unsupported architecture", Arch::as_str);
+            return Self::error(
+                ErrorCode::Invalid,
+                format!(
+                    "attempt {} is for {}, this device is {here}: the operator must target the device's architecture",
+                    attempt.uuid, attempt.arch
+                ),
+            );
+        }
+        let previous = match transaction::active_binary(&self.ctx.layout) {
+            Ok(p) => p,
+            Err(why) => {
+                log::error!(attempt = uuid.as_str(); "refused: {why}");
+                return Self::error(ErrorCode::Refused, why);
+            }
+        };
+        if let Err(e) = transaction::begin(&mut m, &self.ctx.layout, attempt, previous) {
+            log::error!(attempt = uuid.as_str(); "{e}");
+            return Self::error(
+                ErrorCode::Internal,
+                format!("cannot record the attempt, so it did not start: {e}"),
+            );
+        }
+        match transaction::prepare(&mut m, &self.ctx) {
+            Prepared::Failed | Prepared::AlreadyActive => {}
+            Prepared::Probed => {
+                // The cutover thread exists before the point of no return,
+                // so a failure to create it changes nothing.
+                let (tx, rx) = mpsc::channel();
+                let ctx = Arc::clone(&self.ctx);
+                let spawned = std::thread::Builder::new()
+                    .name("updater-cutover".to_owned())
+                    .spawn(move || {
+                        if let Ok(mut m) = rx.recv() {
+                            transaction::cutover(&mut m, &ctx);
+                        }
+                    });
+                match spawned {
+                    Ok(_) => {
+                        if transaction::activate(&mut m, &self.ctx).is_ok() {
+                            let _ = tx.send(m);
+                        }
+                    }
+                    Err(e) => {
+                        let _ = m.enter(
+                            JournalPhase::Failed,
+                            Some(fleet_common::contracts::UpgradeReason::Install),
+                            Some(("activate", &format!("cannot start the cutover thread: {e}"))),
+                        );
+                    }
+                }
+            }
+        }
+        self.status()
+    }
+}
+
+impl Handler for UpdaterHandler {
+    type Request = UpdaterRequest;
+
+    fn handle(&self, request: UpdaterRequest, peer: &Peer) -> Reply {
+        match request {
+            UpdaterRequest::Status {} => self.status(),
+            UpdaterRequest::Upgrade { attempt } => self.upgrade(attempt, peer),
+        }
+    }
+}
