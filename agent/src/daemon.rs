@@ -143,11 +143,16 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     let version = Version::parse(version).map_err(|e| RunError::Version(e.to_string()))?;
     let arch = Arch::current().ok_or(RunError::UnsupportedArch)?;
     let shutdown = Arc::new(Shutdown::new());
+    let gate = Arc::new(MutationGate::new());
     let (sig_tx, sig_rx) = mpsc::channel::<TermSignal>();
     {
         let shutdown = Arc::clone(&shutdown);
+        let gate = Arc::clone(&gate);
         signals
             .spawn_waiter("agent-signals", move |sig| {
+                // Refuse new mutations at once, on this thread; the main
+                // thread then waits for the one in flight.
+                gate.close(ClosedBy::Shutdown);
                 log::info!("{sig} received; draining");
                 shutdown.request();
                 let _ = sig_tx.send(sig);
@@ -247,7 +252,6 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     }
     .spawn()
     .map_err(thread_err("agent-status"))?;
-    let gate = Arc::new(MutationGate::new());
     let reconciler = match podman {
         Some((p, _)) => {
             let to_status = status.sender();

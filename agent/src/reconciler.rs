@@ -413,18 +413,27 @@ impl Reconciler {
                 log::info!(device = self.device.as_str(); "desired state: {} workloads", map.len());
                 self.desired = Some(map);
             }
-            DesiredChange::Put(w, entry) => {
-                log::info!(device = self.device.as_str(), workload = w.as_str(); "desired workload changed");
-                self.desired
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(w, entry);
-            }
-            DesiredChange::Delete(w) => {
-                log::info!(device = self.device.as_str(), workload = w.as_str(); "desired workload deleted");
-                if let Some(d) = self.desired.as_mut() {
+            // INVARIANT: the watcher sends a snapshot before any delta; a
+            // delta alone must never stand for the whole desired state
+            // (everything else would be removed).
+            DesiredChange::Put(w, entry) => match self.desired.as_mut() {
+                Some(d) => {
+                    log::info!(device = self.device.as_str(), workload = w.as_str(); "desired workload changed");
+                    d.insert(w, entry);
+                }
+                None => {
+                    log::error!(device = self.device.as_str(), workload = w.as_str(); "ignoring a change before the first snapshot")
+                }
+            },
+            DesiredChange::Delete(w) => match self.desired.as_mut() {
+                Some(d) => {
+                    log::info!(device = self.device.as_str(), workload = w.as_str(); "desired workload deleted");
                     d.remove(&w);
                 }
-            }
+                None => {
+                    log::error!(device = self.device.as_str(), workload = w.as_str(); "ignoring a deletion before the first snapshot")
+                }
+            },
         }
     }
 
@@ -634,7 +643,7 @@ impl Reconciler {
                     let state = match matching.map(|c| &c.state) {
                         Some(LiveState::Running) | Some(LiveState::Paused) => {
                             let up = matching.map_or(0, |c| unix.saturating_sub(c.started_at));
-                            if c_up_long_enough(up) {
+                            if up_long_enough(up) {
                                 t.backoff.clear();
                             }
                             WorkloadState::Running
@@ -695,7 +704,8 @@ impl Reconciler {
     }
 }
 
-fn c_up_long_enough(up_secs: i64) -> bool {
+/// Whether a container up for `up_secs` has outlived the crash-loop window.
+fn up_long_enough(up_secs: i64) -> bool {
     u64::try_from(up_secs).is_ok_and(|s| s >= CRASH_LOOP_WINDOW.as_secs())
 }
 
