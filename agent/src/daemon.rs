@@ -42,13 +42,19 @@ use crate::shutdown::Shutdown;
 use crate::status::{self, StatusMsg, StatusPublisher};
 use crate::sysinfo;
 
-/// Part of systemd's stop bound spent waiting for the mutation in flight;
-/// the rest is for the stopping status, the flush and exiting.
-const DRAIN_BUDGET: Duration = Duration::from_secs(SYSTEMD_STOP_TIMEOUT.as_secs() - 15);
+/// Part of systemd's stop bound spent waiting for the mutation in flight.
+/// The rest covers, at worst: joining the reconciler (5 s) and the watcher
+/// (3 s), the stopping heartbeat's ack ([`STOPPING_ACK_TIMEOUT`]), the flush
+/// ([`FLUSH_TIMEOUT`]) and closing (1 s): 40 + 5 + 3 + 8 + 2 + 1 = 59 s.
+const DRAIN_BUDGET: Duration = Duration::from_secs(40);
 /// Bound on the acknowledged stopping heartbeat.
 const STOPPING_ACK_TIMEOUT: Duration = Duration::from_secs(8);
 /// Bound on the final flush.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+const _: () = assert!(
+    DRAIN_BUDGET.as_secs() + 5 + 3 + STOPPING_ACK_TIMEOUT.as_secs() + FLUSH_TIMEOUT.as_secs() + 1
+        < SYSTEMD_STOP_TIMEOUT.as_secs()
+);
 /// Delay between startup retries of the device-info write.
 const STARTUP_RETRY_DELAY: Duration = Duration::from_secs(2);
 

@@ -277,7 +277,7 @@ impl Podman {
         })
     }
 
-    /// Every container (for tests and probe assertions: ids and states).
+    /// Whether `image` is in local storage.
     pub fn image_exists(&self, image: &ImageRef) -> Result<bool, PodmanError> {
         let mut c = self.command();
         c.args(["image", "exists", image.as_str()]);
