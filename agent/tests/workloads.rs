@@ -221,16 +221,17 @@ fn removed_and_exited_containers_are_restored(v: NatsVersion) {
         s.restarts == 1 && s.state == WorkloadState::Running
     });
 
-    // Stopped by hand: started again (the same container).
+    // Stopped by hand: started again (the same container). Podman's
+    // StartedAt has whole seconds, so the report is the sync point.
     podman.run(&["stop", "-t", "0", "fleet-web"]);
-    let third = wait_running(&podman, "fleet-web", "web restarted", |c| {
-        c.started_at > second.started_at || c.id != second.id
+    wait_reported(&admin, "web", "two restarts reported", |s| {
+        s.restarts == 2 && s.state == WorkloadState::Running
     });
+    let third = wait_running(&podman, "fleet-web", "web running again", |_| true);
     assert_eq!(
         third.id, second.id,
         "an exited container is started, not recreated"
     );
-    wait_reported(&admin, "web", "two restarts reported", |s| s.restarts == 2);
 }
 
 #[test]
