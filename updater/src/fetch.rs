@@ -43,7 +43,7 @@ const PIPELINE_BLOCKS: usize = 3;
 pub enum FetchError {
     Oci {
         reference: OciReference,
-        error: OciError,
+        error: Box<OciError>,
     },
     Request {
         url: String,
@@ -244,7 +244,7 @@ impl Fetcher {
                 .run(sha256, limit, out)
                 .map_err(|error| FetchError::Oci {
                     reference: reference.clone(),
-                    error,
+                    error: Box::new(error),
                 }),
         }
     }

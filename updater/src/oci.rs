@@ -762,9 +762,7 @@ enum ChallengeError {
 /// tokens or quoted strings, in any order, unknown ones ignored).
 fn parse_bearer(header: &str) -> Result<Challenge, ChallengeError> {
     let header = header.trim();
-    let (scheme, mut rest) = header
-        .split_once(|c: char| c == ' ' || c == '\t')
-        .unwrap_or((header, ""));
+    let (scheme, mut rest) = header.split_once([' ', '\t']).unwrap_or((header, ""));
     if !scheme.eq_ignore_ascii_case("bearer") {
         return Err(ChallengeError::Scheme(
             scheme.chars().take(SHOWN_CHARS).collect(),
