@@ -2,10 +2,13 @@
 
 use std::process::ExitCode;
 
+mod artifact;
+
 const HELP: &str = "fleetctl: operate a Harmony fleet
 
 Usage:
   fleetctl --help | --version
+  fleetctl artifact push <oci-reference> <binary> [--ca-file <pem>]
 ";
 
 fn main() -> ExitCode {
@@ -19,6 +22,7 @@ fn main() -> ExitCode {
             print!("{HELP}");
             ExitCode::SUCCESS
         }
+        Some("artifact") => artifact::main(&args[1..]),
         Some(other) => {
             eprintln!("fleetctl: unknown command {other:?}; see fleetctl --help");
             ExitCode::from(2)
