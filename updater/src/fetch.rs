@@ -324,7 +324,8 @@ impl Fetcher {
 /// causes, and the way forward for the usual ones.
 pub(crate) fn transport_message(t: &ureq::Transport) -> String {
     use std::error::Error;
-    let mut msg = t.kind().to_string();
+    let kind = t.kind().to_string();
+    let mut msg = kind.clone();
     if let Some(m) = t.message() {
         msg.push_str(": ");
         msg.push_str(m);
@@ -332,13 +333,18 @@ pub(crate) fn transport_message(t: &ureq::Transport) -> String {
     let mut source = t.source();
     while let Some(s) = source {
         let text = s.to_string();
-        if !msg.contains(&text) {
+        // ureq's I/O errors may wrap its own transport error: its kind
+        // would be said twice.
+        let text = text.strip_prefix(&format!("{kind}: ")).unwrap_or(&text);
+        if !msg.contains(text) {
             msg.push_str(": ");
-            msg.push_str(&text);
+            msg.push_str(text);
         }
         source = s.source();
     }
-    if msg.contains("certificate") {
+    if msg.contains("timed out") {
+        msg.push_str("; the server stalled");
+    } else if msg.contains("certificate") {
         msg.push_str(
             "; the server's certificate is not trusted: give its CA in ca-file of the updater config, or fix the server's chain",
         );

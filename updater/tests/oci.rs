@@ -600,3 +600,38 @@ fn a_registry_that_refuses_the_anonymous_token() {
     );
     assert_eq!(requests_to(&front.requests(), "/token").len(), 1);
 }
+
+#[test]
+fn an_unreachable_registry() {
+    let b = bench();
+    let v2 = StandIn::good("2.0");
+    // A port nobody listens on any more.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    b.assert_failed(
+        &attempt(&format!("oci://127.0.0.1:{port}/{REPO}:2.0"), &v2),
+        UpgradeReason::Download,
+        &format!("fetching the manifest (https://127.0.0.1:{port}/v2/{REPO}/manifests/2.0): Connection Failed"),
+    );
+}
+
+#[test]
+fn a_stalled_blob_times_out_within_the_pull_bound() {
+    let (b, registry, front) = refusal_bench();
+    let v2 = StandIn::good("2.0");
+    fleetctl_push(&b.ca, &registry.reference(REPO, "2.0"), &v2);
+    front
+        .server()
+        .route(&blob_path(&v2), Behavior::StallBeforeHeaders);
+    let (_, took) = support::timed(|| {
+        b.assert_failed(
+            &attempt(&front.reference(REPO, "2.0"), &v2),
+            UpgradeReason::Download,
+            "downloading the blob",
+        )
+    });
+    // The test build's bound on a whole pull is 4 s (production: 5 min).
+    assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+}
