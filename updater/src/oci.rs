@@ -127,7 +127,19 @@ pub enum OciError {
         size: u64,
         limit: u64,
     },
-    BlobSize {
+    /// The blob's `Content-Length` is over the layer's declared size.
+    BlobLength {
+        url: String,
+        length: u64,
+        declared: u64,
+    },
+    /// The blob ran past the layer's declared size.
+    BlobTooLong {
+        url: String,
+        declared: u64,
+    },
+    /// The blob ended before the layer's declared size.
+    BlobShort {
         url: String,
         got: u64,
         declared: u64,
@@ -240,9 +252,23 @@ impl fmt::Display for OciError {
                 f,
                 "the release's binary is {size} bytes, more than the limit of {limit}; nothing was downloaded"
             ),
-            Self::BlobSize { url, got, declared } => write!(
+            Self::BlobLength {
+                url,
+                length,
+                declared,
+            } => write!(
                 f,
-                "downloading the blob ({}): it has {got} bytes or more, the manifest declares {declared}; download stopped",
+                "downloading the blob ({}): the server declares {length} bytes, the manifest's layer {declared}; nothing was read",
+                shown(url)
+            ),
+            Self::BlobTooLong { url, declared } => write!(
+                f,
+                "downloading the blob ({}): it is longer than the {declared} bytes the manifest declares; download stopped",
+                shown(url)
+            ),
+            Self::BlobShort { url, got, declared } => write!(
+                f,
+                "downloading the blob ({}): it has {got} bytes, the manifest declares {declared}",
                 shown(url)
             ),
             Self::RedirectInsecure { url, location } => write!(
@@ -285,7 +311,10 @@ impl OciError {
             | Self::ContentType { .. }
             | Self::ManifestDigest { .. }
             | Self::Manifest { .. } => UpgradeReason::Artifact,
-            Self::LayerDigest { .. } | Self::BlobSize { .. } => UpgradeReason::Checksum,
+            Self::LayerDigest { .. }
+            | Self::BlobLength { .. }
+            | Self::BlobTooLong { .. }
+            | Self::BlobShort { .. } => UpgradeReason::Checksum,
             Self::LayerTooLarge { .. } => UpgradeReason::TooLarge,
             Self::Write(_) => UpgradeReason::Install,
             _ => UpgradeReason::Download,
@@ -457,17 +486,16 @@ impl<'a> Pull<'a> {
         let shown_url = url.url;
         let declared = declared_length(&response);
         if let Some(d) = declared.filter(|d| *d > artifact.size) {
-            return Err(OciError::BlobSize {
+            return Err(OciError::BlobLength {
                 url: shown_url,
-                got: d,
+                length: d,
                 declared: artifact.size,
             });
         }
         let fetched =
             stream_verified(response.into_reader(), artifact.size, out).map_err(|e| match e {
-                StreamError::TooLarge => OciError::BlobSize {
+                StreamError::TooLarge => OciError::BlobTooLong {
                     url: shown_url.clone(),
-                    got: artifact.size + 1,
                     declared: artifact.size,
                 },
                 StreamError::Read { received, source } => OciError::Body {
@@ -479,7 +507,7 @@ impl<'a> Pull<'a> {
                 StreamError::Write(e) => OciError::Write(e),
             })?;
         if fetched.bytes != artifact.size {
-            return Err(OciError::BlobSize {
+            return Err(OciError::BlobShort {
                 url: shown_url,
                 got: fetched.bytes,
                 declared: artifact.size,

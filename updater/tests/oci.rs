@@ -386,9 +386,42 @@ fn a_blob_longer_than_its_descriptor_is_stopped() {
         &attempt(&front.reference(REPO, "2.0"), &v2),
         UpgradeReason::Checksum,
         &format!(
-            "bytes or more, the manifest declares {}; download stopped",
+            "it is longer than the {} bytes the manifest declares; download stopped",
             v2.script().len()
         ),
+    );
+    // With a declared length: refused before reading.
+    let declared = longer.clone();
+    front.route(&blob_path(&v2), move |_| ResponseSpec {
+        status: 200,
+        headers: Vec::new(),
+        body: declared.clone(),
+    });
+    b.assert_failed(
+        &attempt(&front.reference(REPO, "2.0"), &v2),
+        UpgradeReason::Checksum,
+        &format!(
+            "the server declares {} bytes, the manifest's layer {}; nothing was read",
+            longer.len(),
+            v2.script().len()
+        ),
+    );
+}
+
+#[test]
+fn a_blob_shorter_than_its_descriptor_is_refused() {
+    // docker-registry 2.8 stores a layer size that is not the blob's.
+    let (b, registry, front) = refusal_bench();
+    let v2 = StandIn::good("2.0");
+    let real = v2.script().len();
+    let m = manifest(&registry, &v2, |m| {
+        m["layers"][0]["size"] = (real + 10).into()
+    });
+    registry.push_manifest(REPO, "2.0", &m);
+    b.assert_failed(
+        &attempt(&front.reference(REPO, "2.0"), &v2),
+        UpgradeReason::Checksum,
+        &format!("it has {real} bytes, the manifest declares {}", real + 10),
     );
 }
 
