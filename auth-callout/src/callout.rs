@@ -3,10 +3,12 @@
 //! Steps of [`Callout::handle`]: decode and verify the server's request
 //! (unanswerable when that fails: nothing in it can be trusted to address a
 //! refusal); check it is addressed to this issuer; take the bearer token from
-//! the client's CONNECT (`auth_token`, or `jwt` for clients that refresh it on
-//! every reconnect; exactly one); verify it (`jwt::verify`, keys from the
-//! JWKS cache); issue a user JWT in `DEVICES` for the device it proves, with
-//! exactly the permission template of `fleet_common`, expiring with the token.
+//! the client's CONNECT `auth_token` (nats-server discards a CONNECT `jwt`
+//! outside operator mode, so that field never arrives); verify it
+//! (`jwt::verify`, keys from the JWKS cache); issue a user JWT in `DEVICES`
+//! for the device it proves, with exactly the permission template of
+//! `fleet_common`, expiring with the token: the server then closes the
+//! connection and the device must connect again with a fresh token.
 //! Every other outcome is a refusal with its reason; there is no default
 //! permission. Nothing the client says about itself (name, user) is used.
 
@@ -24,10 +26,8 @@ use crate::nkeys::AccountSigner;
 /// Why a client was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    /// Neither `auth_token` nor `jwt` in the CONNECT.
+    /// No `auth_token` in the CONNECT.
     NoBearer,
-    /// Both, with different values.
-    TwoBearers,
     Token(TokenError),
 }
 
@@ -35,11 +35,8 @@ impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NoBearer => f.write_str(
-                "no bearer token: connect with the identity provider's access token as the NATS token or JWT",
+                "no bearer token: connect with the identity provider's access token as the NATS token",
             ),
-            Self::TwoBearers => {
-                f.write_str("two different bearer tokens (auth_token and jwt): send one")
-            }
             Self::Token(e) => e.fmt(f),
         }
     }
@@ -192,23 +189,16 @@ impl Callout {
 
     fn decide(&self, request: &AuthRequestClaims, now_unix: i64, now: Instant) -> Decision {
         let opts = &request.nats.connect_opts;
-        fn present(v: &Option<String>) -> Option<&str> {
-            v.as_deref().filter(|s| !s.is_empty())
-        }
-        let token = match (present(&opts.auth_token), present(&opts.jwt)) {
-            (None, None) => return Decision::Refused(Refusal::NoBearer),
-            (Some(a), Some(b)) if a != b => return Decision::Refused(Refusal::TwoBearers),
-            (Some(t), _) | (None, Some(t)) => t,
+        let Some(token) = opts.auth_token.as_deref().filter(|t| !t.is_empty()) else {
+            return Decision::Refused(Refusal::NoBearer);
         };
         match jwt::verify(token, |kid| self.jwks.key(kid, now), &self.policy, now_unix) {
             Ok(v) => Decision::Authorized {
                 device: v.device,
                 // The user lives as long as the token proves it (within the
-                // tolerated skew), never past that.
-                expires: v
-                    .expires
-                    .saturating_add(self.policy.clock_skew_secs)
-                    .max(now_unix.saturating_add(1)),
+                // tolerated skew), never past that; `verify` ensured this is
+                // after now.
+                expires: v.expires.saturating_add(self.policy.clock_skew_secs),
                 subject: v.subject,
             },
             Err(e) => Decision::Refused(Refusal::Token(e)),
@@ -307,9 +297,6 @@ mod tests {
         assert_eq!(user["nats"]["pub"], json!({"allow": p.publish_allow}));
         assert_eq!(user["nats"]["sub"], json!({"allow": p.subscribe_allow}));
         assert!(user["nats"]["resp"].is_null());
-        // The same token as a CONNECT jwt (refreshable clients).
-        let (_, decision) = ask(&c, json!({"jwt": token, "sig": "x"}));
-        assert!(matches!(decision, Decision::Authorized { .. }));
     }
 
     #[test]
@@ -323,8 +310,9 @@ mod tests {
             Refusal::NoBearer.to_string().as_str()
         );
         assert!(resp["nats"]["jwt"].is_null());
-        let (_, decision) = ask(&c, json!({"auth_token": "a.b.c", "jwt": "d.e.f"}));
-        assert_eq!(decision, Decision::Refused(Refusal::TwoBearers));
+        // A CONNECT jwt is not a bearer token (the server never forwards one).
+        let (_, decision) = ask(&c, json!({"jwt": "d.e.f"}));
+        assert_eq!(decision, Decision::Refused(Refusal::NoBearer));
         let mut expired = claims("dev-a");
         expired["exp"] = json!(NOW - 3600);
         let token = sign_rs256(

@@ -344,7 +344,8 @@ fn check_claims(
         .get("exp")
         .and_then(numeric_date)
         .ok_or(TokenError::MissingExpiry)?;
-    if now > exp.saturating_add(skew) {
+    // RFC 7519: not accepted on or after `exp`.
+    if now >= exp.saturating_add(skew) {
         return Err(TokenError::Expired { exp, now });
     }
     if let Some(nbf) = claims.get("nbf").and_then(numeric_date) {

@@ -7,21 +7,20 @@
 //! it. How the agent uses it:
 //!
 //! ```text
-//! let source = Arc::new(TokenSource::new(TokenClient::new(agent, credentials)));
-//! let s = Arc::clone(&source);
-//! nats::Options::with_jwt(
-//!     move || s.token(Instant::now()).map(|t| t.expose().to_owned())
-//!                  .map_err(|e| io::Error::other(e.to_string())),
-//!     |_nonce| Vec::new(), // the callout ignores the nonce signature
-//! )
+//! let source = TokenSource::new(TokenClient::new(https_agent, credentials));
+//! let token = source.token(Instant::now())?;
+//! let nc = nats::Options::with_token(token.expose()) ... .connect(url)?;
 //! ```
 //!
-//! The nats crate calls the JWT callback on every connect and reconnect, so
-//! a reconnect always presents a fresh token; the callout's user expires with
-//! the token, the server then disconnects, and the reconnect carries the next
-//! one. When the server refuses a connection, call [`TokenSource::invalidate`]
-//! so the next attempt fetches anew. Never log the token: [`Secret`]'s `Debug`
-//! hides it.
+//! The token goes in the CONNECT's `auth_token` (nats-server discards a
+//! CONNECT `jwt` outside operator mode, so `with_jwt` cannot carry it). The
+//! callout's user expires with the token: the server then closes the
+//! connection, and the nats crate's own reconnect presents the old token,
+//! which the callout refuses ("bearer token expired"). So the agent must
+//! build a new connection with a fresh token: on that disconnect or refusal
+//! (call [`TokenSource::invalidate`] first if the server refused the token),
+//! or ahead of it, at the token's refresh time. Never log the token:
+//! [`Secret`]'s `Debug` hides it.
 //!
 //! Request: `POST token_url`, `Authorization: Basic` with the form-encoded
 //! client ID and secret (RFC 6749 section 2.3.1), body

@@ -124,8 +124,8 @@ pub struct ClientInfo {
 /// The client's CONNECT options. `Debug` hides every credential.
 #[derive(Clone, Default, Deserialize)]
 pub struct ConnectOpts {
-    /// A JWT given with `nats::Options::with_jwt` (called again on every
-    /// reconnect, so a refreshed token reaches the server).
+    /// A user JWT; nats-server discards it outside operator mode, so it is
+    /// empty in the callout layout.
     #[serde(default)]
     pub jwt: Option<String>,
     #[serde(default)]

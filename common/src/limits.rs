@@ -75,6 +75,9 @@ pub const MAX_STATE_FILE_BYTES: u64 = 4 * 1024 * 1024;
 /// Largest identity-provider bearer JWT the auth callout verifies. A Zitadel
 /// access token is about 1 KiB; nats-server's CONNECT line bounds it too.
 pub const MAX_BEARER_JWT_BYTES: usize = 8 * 1024;
+/// nats-server's `max_control_line` in the callout layout: the token rides
+/// in the CONNECT line, which the default 4 KiB would cut short.
+pub const NATS_MAX_CONTROL_LINE_BYTES: usize = MAX_BEARER_JWT_BYTES + 4096;
 /// Largest authorization request (a NATS JWT signed by the server) the auth
 /// callout reads; it carries the client's connect options and TLS chain.
 pub const MAX_AUTH_REQUEST_BYTES: usize = 64 * 1024;

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::limits::{MAX_KV_VALUE_BYTES, NATS_AUTH_CALLOUT_TIMEOUT};
+use crate::limits::{MAX_KV_VALUE_BYTES, NATS_AUTH_CALLOUT_TIMEOUT, NATS_MAX_CONTROL_LINE_BYTES};
 use crate::nkey::PublicNkey;
 use crate::subjects::{
     account_service_exports, device_permissions, kv_subject, stream_name, ACCOUNT_AUTH,
@@ -109,6 +109,8 @@ pub fn callout_server_config(c: &CalloutServerConfig) -> String {
         c.cluster.as_ref(),
     );
     o.extend([
+        // The bearer token rides in the CONNECT line.
+        format!("max_control_line: {NATS_MAX_CONTROL_LINE_BYTES}"),
         "accounts {".to_owned(),
         format!("  {ACCOUNT_AUTH} {{"),
         format!(
@@ -468,6 +470,7 @@ mod tests {
             r#"    users: [ { user: "admin", password: "adminpw" } ]"#,
             "  DEVICES {",
             r#"      { stream: { account: FLEET, subject: "deliver.>" } }"#,
+            "max_control_line: 12288",
             "authorization {",
             "  timeout: 5",
             "  auth_callout {",
