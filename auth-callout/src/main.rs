@@ -81,7 +81,10 @@ fn serve(config: PathBuf) -> ExitCode {
     fleet_common::logging::init("fleet-auth-callout");
     let config = match Config::load(&config) {
         Ok(c) => c,
-        Err(e) => return fail(&e),
+        Err(e) => {
+            log::error!("{e}");
+            return ExitCode::from(1);
+        }
     };
     match fleet_auth_callout::run(&config) {
         Ok(()) => ExitCode::SUCCESS,
@@ -92,8 +95,8 @@ fn serve(config: PathBuf) -> ExitCode {
     }
 }
 
+/// A failed one-shot command (no logger: straight to stderr).
 fn fail(e: &dyn std::fmt::Display) -> ExitCode {
-    log::error!("{e}");
     eprintln!("fleet-auth-callout: {e}");
     ExitCode::from(1)
 }

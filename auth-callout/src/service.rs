@@ -269,6 +269,8 @@ fn answer(msg: &nats::Message, callout: &Callout) {
             decision,
             requester: r,
         } => {
+            // The client chose its name: escaped, so it cannot forge lines.
+            let client_name = format!("{:?}", r.client_name);
             match &decision {
                 Decision::Authorized {
                     device,
@@ -286,7 +288,7 @@ fn answer(msg: &nats::Message, callout: &Callout) {
                 Decision::Refused(why) => log::warn!(
                     client_host = r.client_host.as_str(),
                     client_id = r.client_id,
-                    client_name = r.client_name.as_str(),
+                    client_name = client_name.as_str(),
                     server = r.server.as_str();
                     "refused: {why}"
                 ),
