@@ -9,6 +9,7 @@
 //! so tests run in parallel threads.
 
 mod https;
+mod isolation;
 mod nats;
 mod podman;
 mod proc;
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 pub use https::{
     Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
 };
+pub use isolation::{admin_get, assert_device_isolation, DeviceClient};
 pub use nats::{
     device_password, fleet_server_config, NatsCluster, NatsServer, NatsVersion, NATS_ADMIN_PASSWORD,
 };
