@@ -24,13 +24,13 @@ use std::fmt;
 use std::io::{self, Read};
 use std::time::{Duration, Instant};
 
-use fleet_common::contracts::{AgentArtifact, ManifestError, OCI_MANIFEST_MEDIA_TYPE};
+use fleet_common::contracts::{
+    AgentArtifact, ManifestError, UpgradeReason, OCI_MANIFEST_MEDIA_TYPE,
+};
 use fleet_common::durable::{AtomicFile, DurableError};
 use fleet_common::limits::{MAX_BLOB_REDIRECTS, MAX_MANIFEST_BYTES, MAX_TOKEN_RESPONSE_BYTES};
 use fleet_common::validate::{OciReference, OciTarget, Sha256Hex};
 use serde::Deserialize;
-
-use fleet_common::contracts::UpgradeReason;
 
 use crate::fetch::{describe_io, stream_verified, transport_message, Fetched, StreamError};
 
