@@ -1,5 +1,6 @@
 //! `fleetctl`: the operator's CLI for a Harmony fleet.
 
+mod artifact;
 mod nats_config;
 
 use std::process::ExitCode;
@@ -8,6 +9,7 @@ const HELP: &str = "fleetctl: operate a Harmony fleet
 
 Usage:
   fleetctl nats-config ...   write the nats-server config (see fleetctl nats-config --help)
+  fleetctl artifact push ... publish an agent release (see fleetctl artifact --help)
   fleetctl --help | --version
 ";
 
@@ -23,6 +25,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("nats-config") => nats_config::main(&args[1..]),
+        Some("artifact") => artifact::main(&args[1..]),
         Some(other) => {
             eprintln!("fleetctl: unknown command {other:?}; see fleetctl --help");
             ExitCode::from(2)

@@ -1,6 +1,7 @@
 //! `fleet-harness`: real parts for every test — nats-server (single, fleet
 //! layout, 3-node cluster; Debian 2.9 and 2.14), an isolated Podman, an HTTPS
-//! server with a test CA, and child processes that are killed and reaped when
+//! server with a test CA, an OCI registry (Debian's docker-registry) with a
+//! token-auth front, and child processes that are killed and reaped when
 //! a test ends, whatever way it ends.
 //!
 //! Everything a test starts lives in a guard whose `Drop` stops it and removes
@@ -12,6 +13,7 @@ mod isolation;
 mod nats;
 mod podman;
 mod proc;
+mod registry;
 
 use std::path::{Path, PathBuf};
 use std::thread;
@@ -26,6 +28,7 @@ pub use nats::{
 };
 pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
+pub use registry::{FrontAuth, Registry, RegistryFront, FRONT_SERVICE};
 
 /// How often [`poll_until`] checks its condition.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
