@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: one Harmony fleet device on this machine.
 #
-# Starts a local nats-server with the fleet's two-account layout
-# (packaging/nats/fleet.conf.example) and its buckets, builds a small local
+# Starts a local nats-server with the fleet's two-account layout (written by
+# `fleetctl nats-config`) and its buckets, builds a small local
 # image (busybox httpd), runs fleet-agent as device "dev1" with its own
 # Podman storage, applies a sample workload with `fleetctl workload apply`,
 # shows it running and its status read back from NATS, and on Ctrl-C stops
@@ -37,7 +37,7 @@ pod() {
   CONTAINERS_CONF=$WORK/containers.conf podman \
     --root "$WORK/podman/root" --runroot "$WORK/podman/run" --tmpdir "$WORK/podman/tmp" "$@"
 }
-ctl() { "$BIN/fleetctl" --server "$NATS_URL" --password-file "$WORK/admin-password" "$@"; }
+ctl() { "$BIN/fleetctl" "$@" --server "$NATS_URL" --password-file "$WORK/admin-password"; }
 
 cleanup() {
   set +e
@@ -62,17 +62,22 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 say "work dir $WORK"
+# A free client port for nats-server, from 4222 up.
+PORT=
+for p in $(seq 4222 4321); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { PORT=$p; break; }
+done
+[[ -n $PORT ]] || die "no free port in 4222-4321"
+NATS_URL=nats://127.0.0.1:$PORT
+mkdir -p "$WORK/passwords"
+printf '%s\n' "$DEVICE" >"$WORK/devices"
 printf '%s\n' demo-admin-pw >"$WORK/admin-password"
-printf '%s\n' demo-device-pw >"$WORK/device-password"
-chmod 600 "$WORK"/*-password
+chmod 600 "$WORK/admin-password"
 
-say "starting nats-server ($("$NATS_SERVER" --version)) with the fleet layout"
-sed -e 's|^listen: .*|listen: "127.0.0.1:-1"|' \
-    -e "s|store_dir: \"[^\"]*\"|store_dir: \"$WORK/nats\"|" \
-    -e 's|CHANGE-ME-admin|demo-admin-pw|' \
-    -e 's|CHANGE-ME-dev1|demo-device-pw|' \
-    -e 's|CHANGE-ME-dev2|demo-unused-pw|' \
-    packaging/nats/fleet.conf.example >"$WORK/nats.conf"
+say "starting nats-server ($("$NATS_SERVER" --version)) with the fleet layout (fleetctl nats-config)"
+"$BIN/fleetctl" nats-config --devices "$WORK/devices" --passwords-dir "$WORK/passwords" \
+  --admin-password-file "$WORK/admin-password" --listen "127.0.0.1:$PORT" \
+  --store-dir "$WORK/nats" --output "$WORK/nats.conf"
 setsid "$NATS_SERVER" -c "$WORK/nats.conf" >"$WORK/nats.log" 2>&1 &
 NATS_PID=$!
 for _ in $(seq $((WAIT_SECS * 10))); do
@@ -80,9 +85,7 @@ for _ in $(seq $((WAIT_SECS * 10))); do
   kill -0 "$NATS_PID" 2>/dev/null || { cat "$WORK/nats.log"; die "nats-server exited"; }
   sleep 0.1
 done
-PORT=$(sed -n 's/.*Listening for client connections on 127.0.0.1:\([0-9]*\).*/\1/p' "$WORK/nats.log" | head -n1)
-[[ -n $PORT ]] || { cat "$WORK/nats.log"; die "nats-server did not start"; }
-NATS_URL=nats://127.0.0.1:$PORT
+grep -qs 'Server is ready' "$WORK/nats.log" || { cat "$WORK/nats.log"; die "nats-server is not ready"; }
 ctl buckets create
 
 say "building the image localhost/demo/hello:1 (busybox httpd)"
@@ -110,7 +113,7 @@ cat >"$WORK/agent.json" <<EOF
   "device-id": "$DEVICE",
   "nats": {
     "servers": ["$NATS_URL"],
-    "auth": {"method": "user-password", "user": "$DEVICE", "password-file": "$WORK/device-password"}
+    "auth": {"method": "user-password", "user": "$DEVICE", "password-file": "$WORK/passwords/$DEVICE"}
   },
   "podman": {
     "binary": "podman",
@@ -152,7 +155,7 @@ say "running; press Ctrl-C to stop and clean up. Meanwhile, try:"
 echo "  remove the container (the agent restores it):"
 echo "    CONTAINERS_CONF=$WORK/containers.conf podman --root $WORK/podman/root --runroot $WORK/podman/run rm -f fleet-hello"
 echo "  change the workload (the agent replaces the container):"
-echo "    $BIN/fleetctl --server $NATS_URL --password-file $WORK/admin-password workload apply $DEVICE hello $WORK/hello.json"
+echo "    $BIN/fleetctl workload apply $DEVICE hello $WORK/hello.json --server $NATS_URL --password-file $WORK/admin-password"
 echo "agent log ($WORK/agent.log):"
 tail -n 0 -f "$WORK/agent.log" &
 TAIL_PID=$!

@@ -333,11 +333,12 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     if !gate.wait_idle(DRAIN_BUDGET) {
         log::error!(device = device.as_str(); "{} still in flight after {} s; exiting without it", in_flight.unwrap_or_default(), DRAIN_BUDGET.as_secs());
     }
+    // The drain is the wait for the mutation in flight (seed 002).
+    let drain = drain_start.elapsed();
     if let Some(r) = reconciler {
         r.stop();
     }
     watcher.join();
-    let drain = drain_start.elapsed();
     match status.stop(drain, STOPPING_ACK_TIMEOUT) {
         Ok(()) => {
             log::info!(device = device.as_str(); "stopping status acknowledged; drained in {} ms", drain.as_millis())

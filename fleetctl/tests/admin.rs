@@ -7,9 +7,9 @@ use fleet_harness::{NatsServer, NatsVersion, NATS_ADMIN_PASSWORD};
 
 fn fleetctl(server: &NatsServer, pw: &std::path::Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+        .args(args)
         .args(["--server", &server.url(), "--password-file"])
         .arg(pw)
-        .args(args)
         .output()
         .expect("run fleetctl");
     (

@@ -1,6 +1,7 @@
 //! `fleet-harness`: real parts for every test — nats-server (single, fleet
 //! layout, 3-node cluster; Debian 2.9 and 2.14), an isolated Podman, an HTTPS
-//! server with a test CA, and child processes that are killed and reaped when
+//! server with a test CA, an OCI registry (Debian's docker-registry) with a
+//! token-auth front, and child processes that are killed and reaped when
 //! a test ends, whatever way it ends.
 //!
 //! Everything a test starts lives in a guard whose `Drop` stops it and removes
@@ -8,9 +9,11 @@
 //! so tests run in parallel threads.
 
 mod https;
+mod isolation;
 mod nats;
 mod podman;
 mod proc;
+mod registry;
 
 use std::path::{Path, PathBuf};
 use std::thread;
@@ -19,11 +22,13 @@ use std::time::{Duration, Instant};
 pub use https::{
     Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
 };
+pub use isolation::{admin_get, assert_device_isolation, DeviceClient};
 pub use nats::{
     device_password, fleet_server_config, NatsCluster, NatsServer, NatsVersion, NATS_ADMIN_PASSWORD,
 };
 pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
+pub use registry::{FrontAuth, Registry, RegistryFront, FRONT_SERVICE};
 
 /// How often [`poll_until`] checks its condition.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
