@@ -46,7 +46,9 @@ const MAX_PODMAN_ARGS: usize = 32;
 
 /// Optional keys and their defaults, for `--help` and the README.
 pub const DEFAULTS: &str = "\
-  nats.tls                    absent (plain nats:// unless a server URL is tls://)
+  nats.tls                    absent (plain nats:// unless a server URL is tls://);
+                              present: TLS required; ca-file, when given, is the only
+                              CA trusted (else the system roots)
   podman.enabled              true
   podman.binary               \"podman\"
   podman.global-args          []  (e.g. [\"--root\", \"/var/lib/containers/storage\"])
@@ -108,9 +110,11 @@ pub struct ClientCert {
     pub key_file: PathBuf,
 }
 
+/// `nats.tls`: present means TLS is required on every server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tls {
-    /// Extra CA to trust (the system roots are always trusted).
+    /// The CA the servers' certificates must chain to; when set, it is the
+    /// only one trusted (absent: the system's roots).
     pub ca_file: Option<PathBuf>,
     pub client_cert: Option<ClientCert>,
 }

@@ -36,6 +36,8 @@ const RECONNECT_BUFFER_BYTES: usize = 64 * 1024;
 /// [`MAX_RETRY_DELAY`].
 const FIRST_RETRY_DELAY: Duration = Duration::from_secs(1);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(15);
+/// The trust list given to the crate when TLS is not used: empty.
+const NO_TLS_ROOTS: &str = "/dev/null";
 /// First and longest delay between reconnect attempts to one server.
 const RECONNECT_FIRST_DELAY: Duration = Duration::from_millis(100);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
@@ -245,6 +247,12 @@ fn options(
             Reconnect::Forever => None,
             Reconnect::Once => Some(1),
         });
+    let tls_urls = cfg.servers.iter().any(|s| s.starts_with("tls://"));
+    if cfg.tls.is_none() && !tls_urls {
+        // No TLS at all: an empty trust list, so the crate does not parse
+        // every system CA (about 150) into memory at each connection.
+        o = o.add_root_certificate(NO_TLS_ROOTS);
+    }
     if let Some(tls) = &cfg.tls {
         o = o.tls_required(true);
         if let Some(ca) = &tls.ca_file {
