@@ -24,6 +24,10 @@ build:
 test: deps lint build
 	$(CARGO) test --workspace --no-fail-fast --features fleet-updater/fault-injection
 
+## One demo device against a local nats-server (Ctrl-C stops and cleans up).
+demo: deps build
+	@bash scripts/demo.sh
+
 clean:
 	$(CARGO) clean
 	rm -rf .deps
