@@ -2,8 +2,10 @@
 # `make demo` runs a demo device against a local nats-server.
 SHELL := /bin/bash
 CARGO ?= cargo
+# Where cargo puts its builds (the bench runs the release binaries from there).
+BENCH_TARGET := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: all deps lint build test test-unit demo bench clean
+.PHONY: all deps lint build test test-unit demo bench bench-profiles clean
 
 all: build
 
@@ -27,6 +29,20 @@ test: deps lint build
 ## One demo device against a local nats-server (Ctrl-C stops and cleans up).
 demo: deps build
 	@bash scripts/demo.sh
+
+## Measures every DESIGN.md target on release builds, each beside a
+## baseline from the same run; prints a markdown table and writes
+## target/bench/last-run.md (minutes: a 60 s idle window, 1,000 agents).
+## BENCH_ARGS passes options (fleet-bench --help), e.g. --only sizes,device.
+bench: deps
+	$(CARGO) build --release --workspace --bins
+	$(BENCH_TARGET)/release/fleet-bench $(BENCH_ARGS)
+
+## `make bench`, plus the size baseline: the daemons at opt-level 3 (a
+## second release build, in target/bench-o3).
+bench-profiles:
+	CARGO_PROFILE_RELEASE_OPT_LEVEL=3 $(CARGO) build --release -p fleet-agent -p fleet-updater --target-dir $(BENCH_TARGET)/bench-o3
+	$(MAKE) bench
 
 clean:
 	$(CARGO) clean
