@@ -157,14 +157,14 @@ pub fn fleet_rows(n: usize) -> Vec<Row> {
     let target_ok = converged <= Duration::from_secs(5);
     let judged = n >= 1000;
     vec![Row::new(format!("fleet: {n} simulated agents converge on one change"))
-        .ours(format!("{:.2} s", converged.as_secs_f64()))
+        .ours(format!("{:.0} ms", converged.as_secs_f64() * 1e3))
         .baseline(format!(
-            "{:.2} s ({n} puts acknowledged)",
-            acked.1.as_secs_f64()
+            "{:.0} ms ({n} puts acknowledged)",
+            acked.1.as_secs_f64() * 1e3
         ))
         .ratio(format!(
-            "{:+.2} s",
-            converged.as_secs_f64() - acked.1.as_secs_f64()
+            "{:+.0} ms",
+            (converged.as_secs_f64() - acked.1.as_secs_f64()) * 1e3
         ))
         .target(
             if judged { "≤ 5 s (1,000 agents)" } else { "— (1,000 agents: ≤ 5 s)" },
