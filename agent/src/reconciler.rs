@@ -492,10 +492,9 @@ impl Reconciler {
         let p = &self.podman;
         match action {
             Action::Remove { container } => p.remove(container),
-            Action::Create { workload, spec, .. } => {
-                p.ensure_image(&spec.image, spec.pull)?;
-                p.run(&self.device, workload, spec).map(drop)
-            }
+            Action::Create { workload, spec, .. } => p
+                .ensure_image_and_run(&self.device, workload, spec)
+                .map(drop),
             Action::Replace {
                 workload,
                 spec,
@@ -518,8 +517,8 @@ impl Reconciler {
                     Some(spec) => {
                         log::warn!(device = self.device.as_str(), workload = workload.as_str(); "{e}; recreating the container");
                         p.remove(container)?;
-                        p.ensure_image(&spec.image, spec.pull)?;
-                        p.run(&self.device, workload, spec).map(drop)
+                        p.ensure_image_and_run(&self.device, workload, spec)
+                            .map(drop)
                     }
                     None => Err(e),
                 },
