@@ -370,7 +370,7 @@ impl Reconciler {
         loop {
             let now = Instant::now();
             let wake = self
-                .next_backoff_end()
+                .next_backoff_end(now)
                 .map_or(next_resync, |b| b.min(next_resync));
             let mut due = now >= wake;
             if !due {
@@ -437,12 +437,14 @@ impl Reconciler {
         }
     }
 
-    fn next_backoff_end(&self) -> Option<Instant> {
-        self.tracked
-            .values()
-            .filter_map(|t| t.backoff.not_before)
-            .chain(self.removal_backoff.values().filter_map(|b| b.not_before))
-            .min()
+    fn next_backoff_end(&self, now: Instant) -> Option<Instant> {
+        next_backoff_end(
+            self.tracked
+                .values()
+                .map(|t| &t.backoff)
+                .chain(self.removal_backoff.values()),
+            now,
+        )
     }
 
     /// Re-reads live state and does one mutation at a time until the plan
@@ -704,6 +706,21 @@ impl Reconciler {
 }
 
 /// Whether a container up for `up_secs` has outlived the crash-loop window.
+/// The earliest back-off still to end after `now`. One that already ended
+/// is not a reason to wake: its pass ran when it ended, and a back-off kept
+/// after a restore (a crash loop, cleared only once the container has run
+/// a minute) would otherwise wake the loop at once, again and again, each
+/// wake a `podman ps`.
+fn next_backoff_end<'a>(
+    backoffs: impl Iterator<Item = &'a Backoff>,
+    now: Instant,
+) -> Option<Instant> {
+    backoffs
+        .filter_map(|b| b.not_before)
+        .filter(|t| *t > now)
+        .min()
+}
+
 fn up_long_enough(up_secs: i64) -> bool {
     u64::try_from(up_secs).is_ok_and(|s| s >= CRASH_LOOP_WINDOW.as_secs())
 }
@@ -861,5 +878,24 @@ mod tests {
         assert!(!b.blocks(now + Duration::from_secs(6)));
         b.clear();
         assert_eq!(b, Backoff::default());
+    }
+
+    #[test]
+    fn an_ended_backoff_never_wakes_the_loop_again() {
+        let now = Instant::now();
+        let mut crash_loop = Backoff::default();
+        crash_loop.fail(now);
+        let mut removal = Backoff::default();
+        removal.fail(now);
+        removal.fail(now);
+        let ends = crash_loop.not_before.expect("set");
+        let all = [crash_loop.clone(), removal.clone(), Backoff::default()];
+        assert_eq!(next_backoff_end(all.iter(), now), Some(ends));
+        // After the first has ended (and is kept: the container runs but
+        // not yet a minute), only the later one is a reason to wake.
+        let later = removal.not_before.expect("set");
+        let after = ends + Duration::from_millis(1);
+        assert_eq!(next_backoff_end(all.iter(), after), Some(later));
+        assert_eq!(next_backoff_end(all.iter(), later), None);
     }
 }
