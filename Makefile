@@ -38,10 +38,15 @@ bench: deps
 	$(CARGO) build --release --workspace --bins
 	$(BENCH_TARGET)/release/fleet-bench $(BENCH_ARGS)
 
-## `make bench`, plus the size baseline: the daemons at opt-level 3 (a
-## second release build, in target/bench-o3).
-bench-profiles:
+## `make bench`, plus two more builds of the daemons it reports beside the
+## release build: at opt-level 3 (the size baseline, in target/bench-o3),
+## and statically linked for x86_64 musl (the memory it saves, in
+## target/bench-musl; ring's C is built with the host cc, which needs no
+## libc headers for it).
+bench-profiles: deps
 	CARGO_PROFILE_RELEASE_OPT_LEVEL=3 $(CARGO) build --release -p fleet-agent -p fleet-updater --target-dir $(BENCH_TARGET)/bench-o3
+	rustup target list --installed | grep -qx x86_64-unknown-linux-musl || rustup target add x86_64-unknown-linux-musl
+	CC_x86_64_unknown_linux_musl=cc $(CARGO) build --release -p fleet-agent -p fleet-updater --target x86_64-unknown-linux-musl --target-dir $(BENCH_TARGET)/bench-musl
 	$(MAKE) bench
 
 clean:

@@ -51,6 +51,19 @@ pub fn release_bin(name: &str) -> PathBuf {
     p
 }
 
+/// The target triple of the static build `make bench-profiles` makes.
+pub const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
+
+/// `name` from the static musl build of `make bench-profiles`, if made.
+pub fn musl_bin(name: &str) -> Option<PathBuf> {
+    let p = target_dir()
+        .join("bench-musl")
+        .join(MUSL_TARGET)
+        .join("release")
+        .join(name);
+    p.is_file().then_some(p)
+}
+
 fn size(p: &Path) -> Option<u64> {
     std::fs::metadata(p).ok().map(|m| m.len())
 }

@@ -38,7 +38,7 @@ Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--latency-runs N] [--fleet N,...]
 
 Sections: sizes, device, download, fleet (default: all).
-Defaults: --cpu-secs 60 --download-runs 3 --latency-runs 5 --fleet 100,1000
+Defaults: --cpu-secs 60 --download-runs 3 --latency-runs 9 --fleet 100,1000
 ";
 
 #[derive(Debug)]
@@ -61,7 +61,7 @@ impl Args {
             ],
             cpu_window: Duration::from_secs(60),
             download_runs: 3,
-            latency_runs: 5,
+            latency_runs: 9,
             fleet: vec![100, 1000],
         };
         let mut args = args.peekable();
@@ -150,15 +150,26 @@ fn run(args: &Args) -> Table {
     }
     if args.has("device") || args.has("download") {
         let ca = TestCa::new();
-        let mut updater = UpdaterBench::start(&ca);
+        let mut updater = UpdaterBench::start(&ca, &bins::release_bin("fleet-updater"));
         if args.has("device") {
             device_section(args, &mut table, &updater);
         } else {
             table.push(updater_idle_rss(&updater));
         }
+        let mut musl = bins::musl_bin("fleet-updater").map(|bin| {
+            let other = UpdaterBench::start(&ca, &bin);
+            table.push(musl_idle_rss(&other, &updater, &bin));
+            other
+        });
         if args.has("download") {
             let artifact = Artifact::random();
-            for row in updater::download_rows(&mut updater, &ca, &artifact, args.download_runs) {
+            for row in updater::download_rows(
+                &mut updater,
+                musl.as_mut(),
+                &ca,
+                &artifact,
+                args.download_runs,
+            ) {
                 table.push(row);
             }
         }
@@ -198,6 +209,25 @@ fn device_section(args: &Args, table: &mut Table, updater: &UpdaterBench) {
     for row in agent.put_to_running_rows(args.latency_runs) {
         table.push(row);
     }
+}
+
+/// The idle memory of the static musl updater beside the release build's.
+fn musl_idle_rss(musl: &UpdaterBench, release: &UpdaterBench, bin: &std::path::Path) -> Row {
+    let rss = procfs::rss(musl.pid());
+    let base = procfs::rss(release.pid());
+    let (anon, file) = procfs::rss_parts(musl.pid());
+    Row::new("updater RSS, idle, static musl build")
+        .ours(mib(rss))
+        .baseline(format!("{} (the release build above)", mib(base)))
+        .ratio(format!("{:.2}×", rss as f64 / base as f64))
+        .target("— (≤ 3 MiB)", Verdict::Info)
+        .note(format!(
+            "`make bench-profiles` also builds the daemons for {} (same profile, statically linked: no glibc or loader mapped): {} anonymous + {} file-backed; binary {}.",
+            bins::MUSL_TARGET,
+            mib(anon),
+            mib(file),
+            mib(std::fs::metadata(bin).map_or(0, |m| m.len()))
+        ))
 }
 
 fn updater_idle_rss(updater: &UpdaterBench) -> Row {

@@ -57,8 +57,8 @@ pub struct UpdaterBench {
 
 impl UpdaterBench {
     /// Installs the release agent as the active version and starts the
-    /// updater trusting `ca`; waits until its socket answers.
-    pub fn start(ca: &TestCa) -> UpdaterBench {
+    /// updater `binary` trusting `ca`; waits until its socket answers.
+    pub fn start(ca: &TestCa, binary: &Path) -> UpdaterBench {
         let root = tempfile::Builder::new()
             .prefix("fleet-bench-updater-")
             .tempdir()
@@ -92,7 +92,7 @@ impl UpdaterBench {
             serde_json::json!({"ca-file": ca.ca_path(), "probe-user": "nobody"}).to_string(),
         )
         .unwrap_or_else(|e| panic!("updater config: {e}"));
-        let mut cmd = Command::new(release_bin("fleet-updater"));
+        let mut cmd = Command::new(binary);
         cmd.arg("run")
             .arg("--root")
             .arg(root.path())
@@ -330,8 +330,11 @@ fn mb_s(d: Duration) -> f64 {
 
 /// The download rows: throughput against each server, and the updater's
 /// and curl's peak memory.
+/// `musl`, when given, is the static musl build of the updater, measured in
+/// the same interleaving and reported beside (no target of its own).
 pub fn download_rows(
     updater: &mut UpdaterBench,
+    mut musl: Option<&mut UpdaterBench>,
     ca: &TestCa,
     artifact: &Artifact,
     runs: usize,
@@ -354,10 +357,14 @@ pub fn download_rows(
         let mut ours = Vec::new();
         let mut sums = Vec::new();
         let mut dgsts = Vec::new();
+        let mut static_musl = Vec::new();
         for _ in 0..runs {
             let (fetch, sync) = updater.download(url, &artifact.sha256);
             ours.push(fetch);
             syncs.push(sync);
+            if let Some(m) = musl.as_deref_mut() {
+                static_musl.push(m.download(url, &artifact.sha256).0);
+            }
             let (t, peak) = pipeline(Hasher::Sha256sum, &ca.ca_path(), url, &artifact.sha256);
             sums.push(t);
             curl_peak = curl_peak.max(peak);
@@ -396,6 +403,25 @@ pub fn download_rows(
                     best(&syncs).as_millis()
                 )),
         );
+        if !static_musl.is_empty() {
+            let m = best(&static_musl);
+            rows.push(
+                Row::new(format!(
+                    "download + verify 100 MiB, {server}, static musl build"
+                ))
+                .ours(format!("{:.2} s ({:.0} MB/s)", m.as_secs_f64(), mb_s(m)))
+                .baseline(format!(
+                    "{:.2} s ({:.0} MB/s, {base_label})",
+                    base.as_secs_f64(),
+                    mb_s(base)
+                ))
+                .ratio(format!(
+                    "{:.2}× the faster",
+                    base.as_secs_f64() / m.as_secs_f64()
+                ))
+                .target("— (≥ 0.8× the faster)", Verdict::Info),
+            );
+        }
     }
     let peak = procfs::hwm(updater.pid());
     rows.push(
