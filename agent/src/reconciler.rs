@@ -9,11 +9,15 @@
 //! every desired-state change, on the resync timer, and when a back-off
 //! ends. Nothing happens before the first complete snapshot.
 //!
-//! Idle, a pass that found nothing to do is not repeated on the resync
-//! timer while the main process of every container is still the one it
-//! saw (a procfs read each, where `podman ps` costs ~45 ms of CPU: two a
-//! minute were 0.15% of a core with 20 workloads); a process gone or
-//! replaced means a pass, and one runs anyway every
+//! The list a pass ends with, when it found nothing to do and every
+//! container running, is kept ([`Settled`]) while the main process of
+//! every container is still the one it saw (a procfs read each, where
+//! `podman ps` costs ~50 ms of CPU and ~100 ms of wall time). Idle, the
+//! resync timer then checks those processes instead of running a pass (two
+//! `podman ps` a minute were 0.15% of a core with 20 workloads); and the
+//! pass a desired-state change starts plans its first mutation from that
+//! list, so a new workload's `podman run` starts at once. A process gone
+//! or replaced means a full re-read, and one happens anyway every
 //! [`FULL_RESYNC_EVERY`]th interval (for what no process shows: a
 //! container added by hand).
 //!
@@ -265,10 +269,12 @@ impl Tracked {
 }
 
 /// Live state as the last pass left it when it had nothing to do and
-/// nothing backing off: the main process of every container, all up.
+/// nothing backing off: the list, and the main process of every container,
+/// all up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Settled {
     at: Instant,
+    live: Vec<LiveContainer>,
     processes: Vec<ProcessIdentity>,
 }
 
@@ -280,7 +286,11 @@ impl Settled {
             .iter()
             .map(LiveContainer::main_process)
             .collect::<Option<Vec<_>>>()?;
-        Some(Settled { at, processes })
+        Some(Settled {
+            at,
+            live: live.to_vec(),
+            processes,
+        })
     }
 
     /// Nothing to re-read: younger than `full_every`, and every process is
@@ -313,8 +323,10 @@ pub struct Reconciler {
     tracked: BTreeMap<WorkloadName, Tracked>,
     removal_backoff: BTreeMap<String, Backoff>,
     resync: Duration,
-    /// Set by a pass that found nothing to do; cleared by any change.
+    /// Set by a pass that found nothing to do; taken by the next pass.
     settled: Option<Settled>,
+    /// A desired-state change arrived since the last pass planned.
+    changed: bool,
     report: ReportSink,
     last_reported: Option<BTreeMap<WorkloadName, WorkloadStatus>>,
 }
@@ -394,6 +406,7 @@ impl Reconciler {
             removal_backoff: BTreeMap::new(),
             resync,
             settled: None,
+            changed: false,
             report,
             last_reported: None,
         }
@@ -429,11 +442,12 @@ impl Reconciler {
             }
             if due && self.desired.is_some() {
                 let full_every = self.resync * FULL_RESYNC_EVERY;
-                if !self
-                    .settled
-                    .as_ref()
-                    .is_some_and(|s| s.holds(Instant::now(), full_every))
-                {
+                let idle = !self.changed
+                    && self
+                        .settled
+                        .as_ref()
+                        .is_some_and(|s| s.holds(Instant::now(), full_every));
+                if !idle {
                     self.pass(rx, shutdown);
                 }
                 next_resync = Instant::now() + self.resync;
@@ -456,7 +470,7 @@ impl Reconciler {
     }
 
     fn apply(&mut self, change: DesiredChange) {
-        self.settled = None;
+        self.changed = true;
         match change {
             DesiredChange::Snapshot(map) => {
                 log::info!(device = self.device.as_str(); "desired state: {} workloads", map.len());
@@ -500,17 +514,28 @@ impl Reconciler {
     /// is empty, the gate refuses, or a new desired change arrives (which
     /// is applied before the next mutation is planned).
     fn pass(&mut self, rx: &Receiver<ReconcilerMsg>, shutdown: &Shutdown) {
-        self.settled = None;
+        let full_every = self.resync * FULL_RESYNC_EVERY;
+        let mut kept = self
+            .settled
+            .take()
+            .filter(|s| s.holds(Instant::now(), full_every))
+            .map(|s| s.live);
         loop {
             if !self.drain(rx) || shutdown.is_requested() {
                 return;
             }
-            let live = match self.podman.list_managed(&self.device) {
-                Ok(l) => l,
-                Err(e) => {
-                    log::error!(device = self.device.as_str(); "reading live containers: {e}");
-                    return;
-                }
+            self.changed = false;
+            // The kept list serves the first plan only: live state is
+            // re-read after every mutation.
+            let live = match kept.take() {
+                Some(l) => l,
+                None => match self.podman.list_managed(&self.device) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        log::error!(device = self.device.as_str(); "reading live containers: {e}");
+                        return;
+                    }
+                },
             };
             let now = Instant::now();
             self.observe(&live, now);
@@ -946,6 +971,7 @@ mod tests {
         let mut up = container("1", "web", "h", LiveState::Running);
         up.pid = me;
         let settled = Settled::of(&[up.clone()], now).expect("one live process");
+        assert_eq!(settled.live, vec![up.clone()], "the list is kept");
         let every = Duration::from_secs(300);
         assert!(settled.holds(now + Duration::from_secs(30), every));
         assert!(!settled.holds(now + every, every), "a full re-read is due");
@@ -972,6 +998,7 @@ mod tests {
             Settled::of(&[], now),
             Some(Settled {
                 at: now,
+                live: vec![],
                 processes: vec![]
             })
         );
