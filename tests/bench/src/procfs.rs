@@ -92,6 +92,21 @@ fn parse_stat(text: &str) -> Option<CpuTime> {
     })
 }
 
+/// CPU time of the threads alive now, from the scheduler (nanoseconds,
+/// `/proc/<pid>/task/*/schedstat`): finer than the 10 ms ticks of
+/// `/proc/<pid>/stat`, but a thread that exits takes its time with it.
+pub fn threads_cpu(pid: u32) -> Duration {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Duration::ZERO;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map(Duration::from_nanos)
+        .sum()
+}
+
 /// Pids whose command line is exactly `argv`.
 pub fn pids_with_cmdline(argv: &[&str]) -> Vec<u32> {
     let mut out = Vec::new();
