@@ -1,7 +1,8 @@
 //! `fleet-harness`: real parts for every test — nats-server (single, fleet
 //! layout, 3-node cluster; Debian 2.9 and 2.14), an isolated Podman, an HTTPS
-//! server with a test CA, and child processes that are killed and reaped when
-//! a test ends, whatever way it ends.
+//! server with a test CA, a booted Debian 12 systemd container, and child
+//! processes that are killed and reaped when a test ends, whatever way it
+//! ends.
 //!
 //! Everything a test starts lives in a guard whose `Drop` stops it and removes
 //! its temp dirs. Ports are random, nothing is global but `OnceLock` caches,
@@ -11,6 +12,7 @@ mod https;
 mod nats;
 mod podman;
 mod proc;
+mod systemd;
 
 use std::path::{Path, PathBuf};
 use std::thread;
@@ -24,6 +26,9 @@ pub use nats::{
 };
 pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
+pub use systemd::{
+    apt_mirror, cache_dir, ExecOutput, SystemdContainer, EXEC_TIMEOUT, SYSTEMD_IMAGE_REPO,
+};
 
 /// How often [`poll_until`] checks its condition.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
