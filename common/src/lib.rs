@@ -3,12 +3,14 @@
 //! protocol, NATS names and the device path layout. The daemons depend on
 //! this crate and never on each other.
 
+pub mod callout;
 pub mod contracts;
 pub mod durable;
 pub mod layout;
 pub mod limits;
 pub mod logging;
 pub mod nats_config;
+pub mod nkey;
 pub mod process;
 pub mod socket;
 pub mod subjects;

@@ -71,3 +71,28 @@ pub const MAX_KV_VALUE_BYTES: usize = 256 * 1024;
 pub const MAX_WORKLOADS_PER_DEVICE: usize = 256;
 /// Largest file read by [`crate::durable::read_bounded`] callers for state files.
 pub const MAX_STATE_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Largest identity-provider bearer JWT the auth callout verifies. A Zitadel
+/// access token is about 1 KiB; nats-server's CONNECT line bounds it too.
+pub const MAX_BEARER_JWT_BYTES: usize = 8 * 1024;
+/// nats-server's `max_control_line` in the callout layout: the token rides
+/// in the CONNECT line, which the default 4 KiB would cut short.
+pub const NATS_MAX_CONTROL_LINE_BYTES: usize = MAX_BEARER_JWT_BYTES + 4096;
+/// Largest authorization request (a NATS JWT signed by the server) the auth
+/// callout reads; it carries the client's connect options and TLS chain.
+pub const MAX_AUTH_REQUEST_BYTES: usize = 64 * 1024;
+/// Largest JWKS document the auth callout fetches from the identity provider.
+pub const MAX_JWKS_BYTES: u64 = 256 * 1024;
+/// Keys kept from one JWKS (an identity provider publishes a handful).
+pub const MAX_JWKS_KEYS: usize = 64;
+/// Largest OAuth2 token-endpoint response read (client credentials grant).
+pub const MAX_OAUTH_TOKEN_RESPONSE_BYTES: u64 = 64 * 1024;
+/// Connect timeout towards the identity provider (JWKS, token endpoint).
+pub const IDP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Whole-request bound towards the identity provider: a JWKS refetch runs
+/// while a client waits for its callout answer.
+pub const IDP_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// nats-server's `authorization.timeout` in the callout layout: how long a
+/// connecting client waits for the callout's answer (a JWKS refetch may run
+/// meanwhile).
+pub const NATS_AUTH_CALLOUT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,25 +1,31 @@
-//! The static nats-server configuration of the fleet layout (DESIGN.md "NATS
-//! data model") and the JetStream streams behind the three KV buckets.
+//! The nats-server configurations of the fleet layout (DESIGN.md "NATS data
+//! model") and the JetStream streams behind the three KV buckets.
 //!
 //! [`static_server_config`] writes accounts `FLEET` (the streams, the admin
 //! user, the exports) and `DEVICES` (one user per device with exactly
 //! [`device_permissions`], the imports), all taken from [`crate::subjects`],
-//! so the permission template is spelled once. [`kv_stream_config`] is the
+//! so the permission template is spelled once; it runs on every supported
+//! server (Debian's 2.9.10 included). [`callout_server_config`] is the same
+//! layout for servers with auth callout (2.10 and later): `DEVICES` has no
+//! users, account `AUTH` holds the callout service, and the callout issues
+//! each device a user with the same template. [`kv_stream_config`] is the
 //! `$JS.API.STREAM.CREATE` body of a bucket: the same config a KV client
 //! creates, plus `allow_rollup_hdrs: false` for `fleet-status` (otherwise one
 //! device could roll up, that is purge, every device's status), which the
 //! `nats` crate's KV helper cannot express.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::json;
 
-use crate::limits::MAX_KV_VALUE_BYTES;
+use crate::limits::{MAX_KV_VALUE_BYTES, NATS_AUTH_CALLOUT_TIMEOUT, NATS_MAX_CONTROL_LINE_BYTES};
+use crate::nkey::PublicNkey;
 use crate::subjects::{
-    account_service_exports, device_permissions, kv_subject, stream_name, ACCOUNT_DEVICES,
-    ACCOUNT_FLEET, BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_STATUS, DELIVER_STREAM_EXPORT,
+    account_service_exports, device_permissions, kv_subject, stream_name, ACCOUNT_AUTH,
+    ACCOUNT_DEVICES, ACCOUNT_FLEET, BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_STATUS,
+    DELIVER_STREAM_EXPORT,
 };
 use crate::validate::DeviceId;
 
@@ -57,19 +63,104 @@ pub struct ClusterConfig {
 
 /// The nats-server config text of the fleet layout.
 pub fn static_server_config(c: &StaticServerConfig) -> String {
+    let mut o = server_lines(
+        "static_server_config",
+        c.listen,
+        c.server_name.as_deref(),
+        &c.store_dir,
+        c.cluster.as_ref(),
+    );
+    o.push("accounts {".to_owned());
+    o.extend(fleet_account_lines(&c.admin_password));
+    o.extend(devices_account_lines(&c.devices));
+    o.extend(["}".to_owned(), String::new()]);
+    o.join("\n")
+}
+
+/// The user of the auth callout service in [`ACCOUNT_AUTH`].
+pub const CALLOUT_USER: &str = "auth-callout";
+
+/// Everything [`callout_server_config`] writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalloutServerConfig {
+    pub listen: SocketAddr,
+    pub server_name: Option<String>,
+    pub store_dir: PathBuf,
+    /// Password of [`ADMIN_USER`] in `FLEET` (plain text or a bcrypt hash).
+    pub admin_password: String,
+    /// Password of [`CALLOUT_USER`] in `AUTH` (plain text or a bcrypt hash).
+    pub callout_password: String,
+    /// The account nkey whose seed signs the callout's responses and users.
+    pub issuer: PublicNkey,
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// The nats-server (2.10 and later) config text of the fleet layout with an
+/// auth callout: account `AUTH` holds the callout service's user, `FLEET` and
+/// `DEVICES` are as in [`static_server_config`] but `DEVICES` has no users of
+/// its own. Every client other than the admin and the callout user is handed
+/// to the callout, which places it in `DEVICES` with [`device_permissions`].
+pub fn callout_server_config(c: &CalloutServerConfig) -> String {
+    let mut o = server_lines(
+        "callout_server_config",
+        c.listen,
+        c.server_name.as_deref(),
+        &c.store_dir,
+        c.cluster.as_ref(),
+    );
+    o.extend([
+        // The bearer token rides in the CONNECT line.
+        format!("max_control_line: {NATS_MAX_CONTROL_LINE_BYTES}"),
+        "accounts {".to_owned(),
+        format!("  {ACCOUNT_AUTH} {{"),
+        format!(
+            "    users: [ {{ user: {}, password: {} }} ]",
+            quoted(CALLOUT_USER),
+            quoted(&c.callout_password)
+        ),
+        "  }".to_owned(),
+    ]);
+    o.extend(fleet_account_lines(&c.admin_password));
+    o.extend(devices_account_lines(&[]));
+    o.extend([
+        "}".to_owned(),
+        "authorization {".to_owned(),
+        format!("  timeout: {}", NATS_AUTH_CALLOUT_TIMEOUT.as_secs()),
+        "  auth_callout {".to_owned(),
+        format!("    issuer: {}", quoted(&c.issuer.encode())),
+        format!(
+            "    auth_users: [ {}, {} ]",
+            quoted(CALLOUT_USER),
+            quoted(ADMIN_USER)
+        ),
+        format!("    account: {ACCOUNT_AUTH}"),
+        "  }".to_owned(),
+        "}".to_owned(),
+        String::new(),
+    ]);
+    o.join("\n")
+}
+
+/// The header, listen address, JetStream store and cluster block.
+fn server_lines(
+    generator: &str,
+    listen: SocketAddr,
+    server_name: Option<&str>,
+    store_dir: &Path,
+    cluster: Option<&ClusterConfig>,
+) -> Vec<String> {
     let mut o: Vec<String> = vec![
-        "# Generated by fleet_common::nats_config::static_server_config: regenerate, do not edit."
-            .to_owned(),
-        format!("listen: {}", quoted(&c.listen.to_string())),
+        format!("# Generated by fleet_common::nats_config::{generator}: regenerate, do not edit."),
+        format!("listen: {}", quoted(&listen.to_string())),
     ];
-    if let Some(name) = &c.server_name {
+    if let Some(name) = server_name {
         o.push(format!("server_name: {}", quoted(name)));
     }
     o.push(format!(
         "jetstream {{ store_dir: {} }}",
-        quoted(&c.store_dir.to_string_lossy())
+        quoted(&store_dir.to_string_lossy())
     ));
-    if let Some(cluster) = &c.cluster {
+    if let Some(cluster) = cluster {
         let routes: Vec<String> = cluster
             .routes
             .iter()
@@ -83,20 +174,22 @@ pub fn static_server_config(c: &StaticServerConfig) -> String {
             "}".to_owned(),
         ]);
     }
+    o
+}
 
-    let exports = account_service_exports();
-    o.extend([
-        "accounts {".to_owned(),
+/// Account `FLEET`: JetStream, the admin user, the exports to `DEVICES`.
+fn fleet_account_lines(admin_password: &str) -> Vec<String> {
+    let mut o = vec![
         format!("  {ACCOUNT_FLEET} {{"),
         "    jetstream: enabled".to_owned(),
         format!(
             "    users: [ {{ user: {}, password: {} }} ]",
             quoted(ADMIN_USER),
-            quoted(&c.admin_password)
+            quoted(admin_password)
         ),
         "    exports: [".to_owned(),
-    ]);
-    for (subject, _) in &exports {
+    ];
+    for (subject, _) in &account_service_exports() {
         o.push(format!(
             "      {{ service: {}, accounts: [{ACCOUNT_DEVICES}] }}",
             quoted(subject)
@@ -109,34 +202,43 @@ pub fn static_server_config(c: &StaticServerConfig) -> String {
         ),
         "    ]".to_owned(),
         "  }".to_owned(),
-        format!("  {ACCOUNT_DEVICES} {{"),
-        "    users: [".to_owned(),
     ]);
+    o
+}
+
+/// Account `DEVICES`: one user per device (none in the callout layout) with
+/// exactly [`device_permissions`], and the imports from `FLEET`.
+fn devices_account_lines(devices: &[(DeviceId, String)]) -> Vec<String> {
+    let mut o = vec![format!("  {ACCOUNT_DEVICES} {{")];
     let list = |subjects: &[String]| {
         let quoted: Vec<String> = subjects.iter().map(|s| quoted(s)).collect();
         quoted.join(", ")
     };
-    for (id, password) in &c.devices {
-        let p = device_permissions(id);
-        o.extend([
-            format!(
-                "      {{ user: {}, password: {}, permissions: {{",
-                quoted(id.as_str()),
-                quoted(password)
-            ),
-            format!(
-                "          publish: {{ allow: [ {} ] }}",
-                list(&p.publish_allow)
-            ),
-            format!(
-                "          subscribe: {{ allow: [ {} ] }}",
-                list(&p.subscribe_allow)
-            ),
-            "      } }".to_owned(),
-        ]);
+    if !devices.is_empty() {
+        o.push("    users: [".to_owned());
+        for (id, password) in devices {
+            let p = device_permissions(id);
+            o.extend([
+                format!(
+                    "      {{ user: {}, password: {}, permissions: {{",
+                    quoted(id.as_str()),
+                    quoted(password)
+                ),
+                format!(
+                    "          publish: {{ allow: [ {} ] }}",
+                    list(&p.publish_allow)
+                ),
+                format!(
+                    "          subscribe: {{ allow: [ {} ] }}",
+                    list(&p.subscribe_allow)
+                ),
+                "      } }".to_owned(),
+            ]);
+        }
+        o.push("    ]".to_owned());
     }
-    o.extend(["    ]".to_owned(), "    imports: [".to_owned()]);
-    for (subject, to) in &exports {
+    o.push("    imports: [".to_owned());
+    for (subject, to) in &account_service_exports() {
         let to = to
             .as_ref()
             .map(|t| format!(", to: {}", quoted(t)))
@@ -153,10 +255,8 @@ pub fn static_server_config(c: &StaticServerConfig) -> String {
         ),
         "    ]".to_owned(),
         "  }".to_owned(),
-        "}".to_owned(),
-        String::new(),
     ]);
-    o.join("\n")
+    o
 }
 
 /// A quoted nats-config string. Inside quotes `$` starts no variable; `"`,
@@ -297,6 +397,97 @@ mod tests {
         assert_eq!(text.matches("accounts: [DEVICES]").count(), 6);
         assert_eq!(text.matches("{ account: FLEET").count(), 6);
         // Braces and brackets balance.
+        assert_eq!(text.matches('{').count(), text.matches('}').count());
+        assert_eq!(text.matches('[').count(), text.matches(']').count());
+    }
+
+    #[test]
+    fn static_config_output_is_unchanged_by_the_callout_variant() {
+        // The exact text of a one-device config: a change here is a change
+        // of every deployed static config.
+        let mut c = config(None);
+        c.devices.truncate(1);
+        let expected = [
+            "# Generated by fleet_common::nats_config::static_server_config: regenerate, do not edit.",
+            r#"listen: "127.0.0.1:4222""#,
+            r#"jetstream { store_dir: "/var/lib/nats/jetstream" }"#,
+            "accounts {",
+            "  FLEET {",
+            "    jetstream: enabled",
+            r#"    users: [ { user: "admin", password: "adminpw" } ]"#,
+            "    exports: [",
+            r#"      { service: "$JS.API.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.*.>", accounts: [DEVICES] }"#,
+            r#"      { service: "$JS.API.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.*.>", accounts: [DEVICES] }"#,
+            r#"      { service: "$KV.fleet-status.*.>", accounts: [DEVICES] }"#,
+            r#"      { service: "$JS.FC.KV_fleet-desired.>", accounts: [DEVICES] }"#,
+            r#"      { service: "$JS.FC.KV_fleet-control.>", accounts: [DEVICES] }"#,
+            r#"      { stream: "deliver.>", accounts: [DEVICES] }"#,
+            "    ]",
+            "  }",
+            "  DEVICES {",
+            "    users: [",
+            r#"      { user: "dev1", password: "dev1pw", permissions: {"#,
+            r#"          publish: { allow: [ "fleetapi.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.dev1.>", "fleetapi.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.dev1.>", "$KV.fleet-status.dev1.>", "$JS.FC.KV_fleet-desired.>", "$JS.FC.KV_fleet-control.>" ] }"#,
+            r#"          subscribe: { allow: [ "_INBOX.dev1.>", "deliver.dev1.>" ] }"#,
+            "      } }",
+            "    ]",
+            "    imports: [",
+            r#"      { service: { account: FLEET, subject: "$JS.API.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.*.>" }, to: "fleetapi.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.*.>" }"#,
+            r#"      { service: { account: FLEET, subject: "$JS.API.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.*.>" }, to: "fleetapi.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.*.>" }"#,
+            r#"      { service: { account: FLEET, subject: "$KV.fleet-status.*.>" } }"#,
+            r#"      { service: { account: FLEET, subject: "$JS.FC.KV_fleet-desired.>" } }"#,
+            r#"      { service: { account: FLEET, subject: "$JS.FC.KV_fleet-control.>" } }"#,
+            r#"      { stream: { account: FLEET, subject: "deliver.>" } }"#,
+            "    ]",
+            "  }",
+            "}",
+            "",
+        ]
+        .join("\n");
+        assert_eq!(static_server_config(&c), expected);
+    }
+
+    #[test]
+    fn callout_config_hands_devices_to_the_callout() {
+        let issuer = PublicNkey::parse_kind(
+            "ACODERUVFFAWZQDSS6SBIACUA5O6SXF7HJ3YTYXBALHZP3P7R4BUO4J2",
+            crate::nkey::NkeyKind::Account,
+        )
+        .expect("published account key");
+        let text = callout_server_config(&CalloutServerConfig {
+            listen: "127.0.0.1:4222".parse().expect("addr"),
+            server_name: None,
+            store_dir: PathBuf::from("/var/lib/nats/jetstream"),
+            admin_password: "adminpw".to_owned(),
+            callout_password: "calloutpw".to_owned(),
+            issuer,
+            cluster: None,
+        });
+        for line in [
+            "# Generated by fleet_common::nats_config::callout_server_config: regenerate, do not edit.",
+            "  AUTH {",
+            r#"    users: [ { user: "auth-callout", password: "calloutpw" } ]"#,
+            r#"    users: [ { user: "admin", password: "adminpw" } ]"#,
+            "  DEVICES {",
+            r#"      { stream: { account: FLEET, subject: "deliver.>" } }"#,
+            "max_control_line: 12288",
+            "authorization {",
+            "  timeout: 5",
+            "  auth_callout {",
+            r#"    issuer: "ACODERUVFFAWZQDSS6SBIACUA5O6SXF7HJ3YTYXBALHZP3P7R4BUO4J2""#,
+            r#"    auth_users: [ "auth-callout", "admin" ]"#,
+            "    account: AUTH",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing line {line:?} in:\n{text}"
+            );
+        }
+        // No static device users, no permissions: the callout issues them.
+        assert!(!text.contains("permissions"), "{text}");
+        assert_eq!(text.matches("    users: [").count(), 2, "{text}");
+        assert_eq!(text.matches("accounts: [DEVICES]").count(), 6);
+        assert_eq!(text.matches("{ account: FLEET").count(), 6);
         assert_eq!(text.matches('{').count(), text.matches('}').count());
         assert_eq!(text.matches('[').count(), text.matches(']').count());
     }

@@ -20,6 +20,11 @@ pub const ACCOUNT_FLEET: &str = "FLEET";
 pub const ACCOUNT_DEVICES: &str = "DEVICES";
 /// Prefix under which `FLEET`'s consumer-create API is imported into `DEVICES`.
 pub const DEVICE_API_PREFIX: &str = "fleetapi";
+/// NATS account of the auth callout service (callout layout only).
+pub const ACCOUNT_AUTH: &str = "AUTH";
+/// The subject nats-server (2.10 and later) sends authorization requests to,
+/// in the callout's account.
+pub const AUTH_CALLOUT_SUBJECT: &str = "$SYS.REQ.USER.AUTH";
 
 /// The keys a device writes in `fleet-status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

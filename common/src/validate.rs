@@ -951,6 +951,9 @@ mod tests {
             "oci://127.0.0.1:5000/fleet-agent:v1",
             "oci://localhost:5000/a/b-c/d__e:latest",
             &format!("oci://reg.io/fleet/agent@sha256:{d}"),
+            "oci://[::1]:5000/fleet/agent:1.0",
+            "oci://reg.io/fleet/agent:_x",
+            &format!("oci://reg.io/fleet/agent:{}", "t".repeat(128)),
         ] {
             let parsed = ArtifactUrl::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
             assert_eq!(parsed.to_string(), ok);
@@ -964,6 +967,18 @@ mod tests {
         assert_eq!(r.repository(), "fleet/agent");
         assert_eq!(r.target(), &OciTarget::Tag("1.0".into()));
         assert_eq!(r.manifest_reference(), "1.0");
+        let ArtifactUrl::Oci(r) = ArtifactUrl::parse(&format!(
+            "oci://Reg.IO:443/fleet/agent@sha256:{}",
+            "c".repeat(64)
+        ))
+        .expect("valid") else {
+            panic!("not oci")
+        };
+        assert_eq!((r.host(), r.port()), ("reg.io", Some(443)));
+        assert_eq!(r.manifest_reference(), format!("sha256:{}", "c".repeat(64)));
+        assert!(
+            ArtifactUrl::parse(&format!("oci://reg.io/fleet/agent:{}", "t".repeat(129))).is_err()
+        );
     }
 
     #[test]
@@ -990,6 +1005,18 @@ mod tests {
             ("oci://reg.io/fleet/agent:.bad", "invalid tag: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '-', not starting with '.' or '-'"),
             ("oci://reg.io/fleet/agent@sha512:abc", "only sha256 manifest digests are supported"),
             ("oci://reg.io/fleet/agent@sha256:ABC", "the digest is not 64 lowercase hex"),
+            ("oci://reg.io/fleet/agent@sha256:", "the digest is not 64 lowercase hex"),
+            ("oci://reg.io/fleet/agent:", "invalid tag: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '-', not starting with '.' or '-'"),
+            ("oci://reg.io/fleet/agent:1?x=y", "invalid tag: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '-', not starting with '.' or '-'"),
+            ("oci://reg.io/fleet/agent:1#f", "invalid tag: use 1 to 128 characters from A-Z, a-z, 0-9, '_', '.', '-', not starting with '.' or '-'"),
+            ("oci://reg.io:5000/:1", "invalid repository: use lowercase path components separated by '/'"),
+            ("oci://reg.io/fleet/agent/:1", "invalid repository: use lowercase path components separated by '/'"),
+            ("oci://reg.io/-fleet/agent:1", "invalid repository: use lowercase path components separated by '/'"),
+            ("oci://reg.io/fleet/agent:tag:1", "invalid repository: use lowercase path components separated by '/'"),
+            ("oci://user@reg.io/fleet/agent:1", "credentials in the URL are not allowed"),
+            ("oci://reg.io:0/fleet/agent:1", "invalid port"),
+            ("oci://reg.io:5000", "the reference has no repository"),
+            ("oci:reg.io/fleet/agent:1", "the scheme is neither https:// nor oci://"),
         ];
         for (url, why) in cases {
             assert_eq!(

@@ -623,3 +623,29 @@ fn self_test_report_golden_and_forward_compatible() {
     assert!(serde_json::from_str::<SelfTestReport>(r#"{"checks":[]}"#).is_err());
     assert!(serde_json::from_str::<SelfTestReport>(r#"{"version":"../x"}"#).is_err());
 }
+
+#[test]
+fn oci_agent_manifest_as_fleetctl_pushes_it() {
+    let binary =
+        Sha256Hex::parse("5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef")
+            .expect("sha");
+    let m = OciManifest::for_agent(&binary, 7_340_032);
+    check("oci-agent-manifest", &m);
+    // The bytes pushed, and so the manifest digest a release is pinned by.
+    let bytes = m.to_bytes();
+    assert_eq!(
+        String::from_utf8(bytes.clone()).expect("utf8"),
+        r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","artifactType":"application/vnd.harmony.fleet-agent.v1","config":{"mediaType":"application/vnd.oci.empty.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[{"mediaType":"application/vnd.harmony.fleet-agent.binary.v1","digest":"sha256:5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef","size":7340032}]}"#
+    );
+    assert_eq!(
+        Sha256Hex::of(&bytes).as_str(),
+        "536f5d579d4b4f17c8b2220b0952a558e9e13d70a87fa06439be45203372fb0d"
+    );
+    assert_eq!(
+        AgentArtifact::from_manifest(&bytes),
+        Ok(AgentArtifact {
+            sha256: binary,
+            size: 7_340_032
+        })
+    );
+}

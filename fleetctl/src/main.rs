@@ -1,10 +1,15 @@
 //! `fleetctl`: the operator's CLI for a Harmony fleet.
 
+mod artifact;
+mod nats_config;
+
 use std::process::ExitCode;
 
 const HELP: &str = "fleetctl: operate a Harmony fleet
 
 Usage:
+  fleetctl nats-config ...   write the nats-server config (see fleetctl nats-config --help)
+  fleetctl artifact push ... publish an agent release (see fleetctl artifact --help)
   fleetctl --help | --version
 ";
 
@@ -19,6 +24,8 @@ fn main() -> ExitCode {
             print!("{HELP}");
             ExitCode::SUCCESS
         }
+        Some("nats-config") => nats_config::main(&args[1..]),
+        Some("artifact") => artifact::main(&args[1..]),
         Some(other) => {
             eprintln!("fleetctl: unknown command {other:?}; see fleetctl --help");
             ExitCode::from(2)

@@ -10,8 +10,8 @@
 //! before its declared length refused as truncated. Trust anchors are the
 //! system store plus the config's `ca-file`.
 //!
-//! OCI references are recognised and refused for now: this updater predates
-//! OCI support, and device setup replaces it with one that has it.
+//! OCI references are pulled by [`crate::oci`] (manifest checks, token,
+//! blob redirects) over the same client and into the same streaming path.
 
 use std::fmt;
 use std::io::{self, Read};
@@ -25,8 +25,10 @@ use fleet_common::validate::{ArtifactUrl, HttpsUrl, OciReference, Sha256Hex};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use sha2::Digest;
+use std::time::Duration;
 
 use crate::config::Bounds;
+use crate::oci::{OciError, Pull};
 
 /// The Debian/Ubuntu system trust store.
 pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -39,8 +41,9 @@ const PIPELINE_BLOCKS: usize = 3;
 /// A fetch that did not produce the artifact.
 #[derive(Debug)]
 pub enum FetchError {
-    OciUnsupported {
+    Oci {
         reference: OciReference,
+        error: Box<OciError>,
     },
     Request {
         url: String,
@@ -80,10 +83,7 @@ pub enum FetchError {
 impl fmt::Display for FetchError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::OciUnsupported { reference } => write!(
-                f,
-                "{reference}: OCI artifacts are not supported by this updater; run device setup to install an updater with OCI support, or publish the release at an https:// URL"
-            ),
+            Self::Oci { reference, error } => write!(f, "{reference}: {error}"),
             Self::Request { url, message } => write!(f, "downloading {url}: {message}"),
             Self::Status { url, status } => {
                 write!(f, "downloading {url}: the server answered HTTP {status}")
@@ -119,7 +119,7 @@ impl FetchError {
     pub fn reason(&self) -> UpgradeReason {
         match self {
             Self::DeclaredTooLarge { .. } | Self::TooLarge { .. } => UpgradeReason::TooLarge,
-            Self::OciUnsupported { .. } => UpgradeReason::Artifact,
+            Self::Oci { error, .. } => error.reason(),
             Self::Write(_) => UpgradeReason::Install,
             _ => UpgradeReason::Download,
         }
@@ -164,6 +164,9 @@ pub struct Fetched {
 #[derive(Debug)]
 pub struct Fetcher {
     agent: ureq::Agent,
+    /// The bound of one whole OCI pull (token, manifest, blob and its
+    /// redirects together), as `https_request` bounds one HTTPS download.
+    pull_bound: Duration,
 }
 
 impl Fetcher {
@@ -216,23 +219,33 @@ impl Fetcher {
             .timeout(bounds.https_request)
             .user_agent(concat!("fleet-updater/", env!("CARGO_PKG_VERSION")))
             .build();
-        Ok(Self { agent })
+        Ok(Self {
+            agent,
+            pull_bound: bounds.https_request,
+        })
     }
 
     /// Fetches `url` into `out`, at most `limit` bytes (never more than the
     /// compiled ceiling), returning the size and SHA-256 of what was written.
+    /// The caller compares that SHA-256 with the attempt's; an OCI pull also
+    /// refuses, before downloading, a release whose manifest names another
+    /// `sha256`.
     pub fn fetch(
         &self,
         url: &ArtifactUrl,
+        sha256: &Sha256Hex,
         limit: u64,
         out: &mut AtomicFile,
     ) -> Result<Fetched, FetchError> {
         let limit = limit.min(MAX_ARTIFACT_BYTES);
         match url {
             ArtifactUrl::Https(u) => self.https(u, limit, out),
-            ArtifactUrl::Oci(reference) => Err(FetchError::OciUnsupported {
-                reference: reference.clone(),
-            }),
+            ArtifactUrl::Oci(reference) => Pull::new(&self.agent, reference, self.pull_bound)
+                .run(sha256, limit, out)
+                .map_err(|error| FetchError::Oci {
+                    reference: reference.clone(),
+                    error: Box::new(error),
+                }),
         }
     }
 
@@ -309,9 +322,10 @@ impl Fetcher {
 
 /// ureq's transport error without the URL (the caller names it), with its
 /// causes, and the way forward for the usual ones.
-fn transport_message(t: &ureq::Transport) -> String {
+pub(crate) fn transport_message(t: &ureq::Transport) -> String {
     use std::error::Error;
-    let mut msg = t.kind().to_string();
+    let kind = t.kind().to_string();
+    let mut msg = kind.clone();
     if let Some(m) = t.message() {
         msg.push_str(": ");
         msg.push_str(m);
@@ -319,13 +333,18 @@ fn transport_message(t: &ureq::Transport) -> String {
     let mut source = t.source();
     while let Some(s) = source {
         let text = s.to_string();
-        if !msg.contains(&text) {
+        // ureq's I/O errors may wrap its own transport error: its kind
+        // would be said twice.
+        let text = text.strip_prefix(&format!("{kind}: ")).unwrap_or(&text);
+        if !msg.contains(text) {
             msg.push_str(": ");
-            msg.push_str(&text);
+            msg.push_str(text);
         }
         source = s.source();
     }
-    if msg.contains("certificate") {
+    if msg.contains("timed out") {
+        msg.push_str("; the server stalled");
+    } else if msg.contains("certificate") {
         msg.push_str(
             "; the server's certificate is not trusted: give its CA in ca-file of the updater config, or fix the server's chain",
         );
@@ -338,7 +357,7 @@ fn transport_message(t: &ureq::Transport) -> String {
     msg
 }
 
-fn describe_io(e: &io::Error) -> String {
+pub(crate) fn describe_io(e: &io::Error) -> String {
     match e.kind() {
         io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
             format!("timed out ({e}): the server stalled")
@@ -547,17 +566,6 @@ mod tests {
         let f = dir.path().join("f");
         std::fs::write(&f, &data).expect("write");
         assert_eq!(hash_file(&f).expect("hash"), Sha256Hex::of(&data));
-    }
-
-    #[test]
-    fn oci_is_refused_with_the_way_forward() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let fetcher = Fetcher::new(None, &Bounds::default()).expect("system store");
-        let url = ArtifactUrl::parse("oci://127.0.0.1:5000/fleet/agent:1.0").expect("url");
-        let mut out = AtomicFile::create(&dir.path().join("a"), 0o755).expect("create");
-        let e = fetcher.fetch(&url, 10, &mut out).expect_err("oci");
-        assert_eq!(e.reason(), UpgradeReason::Artifact);
-        assert_eq!(e.to_string(), "oci://127.0.0.1:5000/fleet/agent:1.0: OCI artifacts are not supported by this updater; run device setup to install an updater with OCI support, or publish the release at an https:// URL");
     }
 
     #[test]

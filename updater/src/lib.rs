@@ -8,7 +8,8 @@
 //! | `journal` | loading and writing the durable journal |
 //! | `state` | the published status copy and the one mutator token |
 //! | `server` | the socket handler: admission of `upgrade`, `status` |
-//! | `fetch` | artifact download (HTTPS; OCI seam), streaming hash |
+//! | `fetch` | artifact download (HTTPS, dispatch to OCI), streaming hash |
+//! | `oci` | OCI pull: manifest checks, anonymous token, blob redirects |
 //! | `probe` | the candidate's `--self-test` |
 //! | `service` | stop/start of the agent: systemctl or the supervisor |
 //! | `runas` | how agent processes are spawned (user, env, death signal) |
@@ -25,6 +26,7 @@ mod fault;
 mod fetch;
 mod freeze;
 mod journal;
+mod oci;
 mod probe;
 mod runas;
 mod server;

@@ -228,7 +228,12 @@ fn install_or_verify(
     let started = std::time::Instant::now();
     let fetched = ctx
         .fetcher
-        .fetch(&attempt.artifact_url, attempt.max_bytes.get(), &mut out)
+        .fetch(
+            &attempt.artifact_url,
+            &attempt.sha256,
+            attempt.max_bytes.get(),
+            &mut out,
+        )
         .map_err(|e| Failure::new(e.reason(), "download", e))?;
     if fetched.sha256 != attempt.sha256 {
         return Err(Failure::new(

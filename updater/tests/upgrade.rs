@@ -457,26 +457,3 @@ fn status_reads_the_journal_when_the_updater_is_down() {
         "{note}"
     );
 }
-
-#[test]
-fn an_oci_artifact_is_refused_by_this_updater() {
-    let v2 = StandIn::good("2.0");
-    let (_ca, _server, device) = setup(&v2);
-    let _updater = device.start_updater();
-    let a = attempt("oci://127.0.0.1:5000/fleet/agent:2.0", &v2);
-    let s = device.upgrade_ok(&a);
-    assert_eq!(
-        (s.phase, s.reason),
-        (UpgradePhase::Failed, Some(UpgradeReason::Artifact))
-    );
-    assert!(
-        s.error
-            .as_ref()
-            .expect("error")
-            .as_str()
-            .contains("OCI artifacts are not supported by this updater"),
-        "{s:?}"
-    );
-    device.assert_only_agent("1.0");
-    assert!(!device.binary("2.0").exists());
-}

@@ -6,6 +6,7 @@ mod bounded;
 mod device;
 mod journal;
 mod local;
+mod oci;
 mod selftest;
 mod status;
 mod workload;
@@ -20,6 +21,10 @@ pub use journal::{
 pub use local::{
     AgentRequest, ConfigStateName, ConfigStateReply, ErrorBody, ErrorCode, Refusal, Response,
     UpdaterReply, UpdaterRequest,
+};
+pub use oci::{
+    AgentArtifact, ManifestError, OciDescriptor, OciDigest, OciManifest, AGENT_ARTIFACT_TYPE,
+    AGENT_BINARY_MEDIA_TYPE, OCI_EMPTY_BLOB, OCI_EMPTY_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
 };
 pub use selftest::{SelfTestCheck, SelfTestReport};
 pub use status::{StatusTransition, UpgradePhase, UpgradeReason, UpgradeStatus};

@@ -296,6 +296,12 @@ impl HttpsServer {
         self.server.route(path, b);
     }
 
+    /// Adds or replaces a route for every target starting with `prefix`,
+    /// used when no exact route matches; the longest prefix wins.
+    pub fn route_prefix(&self, prefix: &str, b: Behavior) {
+        self.server.route_prefix(prefix, b);
+    }
+
     /// `https://127.0.0.1:<port><path>`.
     pub fn url(&self, path: &str) -> String {
         format!("https://127.0.0.1:{}{path}", self.server.port)
@@ -382,6 +388,7 @@ impl Shutdown {
 #[derive(Debug, Default)]
 struct Core {
     routes: Mutex<HashMap<String, Arc<Behavior>>>,
+    prefix_routes: Mutex<Vec<(String, Arc<Behavior>)>>,
     requests: Mutex<Vec<Request>>,
     shutdown: Shutdown,
 }
@@ -432,6 +439,18 @@ impl Server {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(path.to_owned(), Arc::new(b));
+    }
+
+    fn route_prefix(&self, prefix: &str, b: Behavior) {
+        let mut routes = self
+            .core
+            .prefix_routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        routes.retain(|(p, _)| p != prefix);
+        routes.push((prefix.to_owned(), Arc::new(b)));
+        // Longest first, so the first match is the most specific.
+        routes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
     }
 
     fn requests(&self) -> Vec<Request> {
@@ -545,6 +564,14 @@ fn serve_request(t: &mut dyn Transport, core: &Core) -> io::Result<()> {
             .get(&request.path)
             .or_else(|| routes.get(bare))
             .cloned()
+            .or_else(|| {
+                core.prefix_routes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .find(|(p, _)| request.path.starts_with(p.as_str()))
+                    .map(|(_, b)| Arc::clone(b))
+            })
     };
     let head_only = request.method.eq_ignore_ascii_case("HEAD");
     let Some(behavior) = behavior else {

@@ -1,6 +1,7 @@
 //! `fleet-harness`: real parts for every test — nats-server (single, fleet
 //! layout, 3-node cluster; Debian 2.9 and 2.14), an isolated Podman, an HTTPS
-//! server with a test CA, a booted Debian 12 systemd container, and child
+//! server with a test CA, an OCI registry (Debian's docker-registry) with a
+//! token-auth front, a booted Debian 12 systemd container, and child
 //! processes that are killed and reaped when a test ends, whatever way it
 //! ends.
 //!
@@ -9,9 +10,11 @@
 //! so tests run in parallel threads.
 
 mod https;
+mod isolation;
 mod nats;
 mod podman;
 mod proc;
+mod registry;
 mod systemd;
 
 use std::path::{Path, PathBuf};
@@ -21,11 +24,13 @@ use std::time::{Duration, Instant};
 pub use https::{
     Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
 };
+pub use isolation::{admin_get, assert_device_isolation, DeviceClient};
 pub use nats::{
     device_password, fleet_server_config, NatsCluster, NatsServer, NatsVersion, NATS_ADMIN_PASSWORD,
 };
 pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
+pub use registry::{FrontAuth, Registry, RegistryFront, FRONT_SERVICE};
 pub use systemd::{
     apt_mirror, cache_dir, ExecOutput, SystemdContainer, EXEC_TIMEOUT, SYSTEMD_IMAGE_REPO,
 };

@@ -240,6 +240,45 @@ impl NatsServer {
         panic!("nats-server {v:?}: every picked port was taken ({PORT_ATTEMPTS} attempts)");
     }
 
+    /// A fleet-layout server from a config the test writes:
+    /// `config(port, store_dir)` returns the config text for 127.0.0.1:`port`
+    /// (for example `fleet_common::nats_config::callout_server_config`). The
+    /// config must keep the admin user in `FLEET` ([`NATS_ADMIN_PASSWORD`]):
+    /// the buckets are created through it, and [`admin`](Self::admin) uses it.
+    pub fn start_with_config(v: NatsVersion, config: impl Fn(u16, &Path) -> String) -> NatsServer {
+        let dir = server_dir("fleet-nats-");
+        let path = dir.path().join("nats.conf");
+        let store = dir.path().join("store");
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port();
+            write_file(&path, &config(port, &store));
+            let cmd = server_command(v, &["-c", &path.to_string_lossy()]);
+            match spawn_server(cmd, &format!("nats-{v:?}"), false) {
+                Ok((child, got)) => {
+                    assert_eq!(got, port, "nats-server listens where its config says");
+                    let server = NatsServer {
+                        version: v,
+                        mode: Mode::Fleet { config: path },
+                        port,
+                        child: Some(child),
+                        dir,
+                    };
+                    create_buckets(&server.admin(), 1, API_TIMEOUT);
+                    return server;
+                }
+                Err(StartError::PortTaken) => continue,
+                Err(StartError::Failed(log)) => panic!("nats-server {v:?} failed:\n{log}"),
+            }
+        }
+        panic!("nats-server {v:?}: every picked port was taken ({PORT_ATTEMPTS} attempts)");
+    }
+
+    /// `options` made to connect at once, like every harness client (for a
+    /// client with its own credentials, such as a bearer token).
+    pub fn client_options(&self, options: nats::Options) -> nats::Options {
+        quick(options, self.dir.path())
+    }
+
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }

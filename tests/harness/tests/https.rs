@@ -348,3 +348,24 @@ fn plain_http_server_shares_the_routes() {
     assert_eq!(resp.status(), 301);
     assert_eq!(server.requests().len(), 2);
 }
+
+#[test]
+fn prefix_routes_answer_what_no_exact_route_does() {
+    let ca = TestCa::new();
+    let server = HttpsServer::start(&ca);
+    server.route_prefix("/v2/", Behavior::Bytes(b"short".to_vec()));
+    server.route_prefix("/v2/a/", Behavior::Bytes(b"long".to_vec()));
+    server.route("/v2/a/exact", Behavior::Bytes(b"exact".to_vec()));
+    let get = |path: &str| match agent(&ca).get(&server.url(path)).call() {
+        Ok(r) => r.into_string().expect("body"),
+        Err(ureq::Error::Status(s, _)) => s.to_string(),
+        Err(e) => panic!("{path}: {e}"),
+    };
+    assert_eq!(get("/v2/b/x"), "short");
+    assert_eq!(get("/v2/a/x?q=1"), "long");
+    assert_eq!(get("/v2/a/exact"), "exact");
+    assert_eq!(get("/v3/"), "404");
+    // Replacing a prefix route keeps one entry for it.
+    server.route_prefix("/v2/", Behavior::Status(418));
+    assert_eq!(get("/v2/b/x"), "418");
+}

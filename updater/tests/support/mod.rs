@@ -20,7 +20,8 @@ use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{
-    AgentUpgradeAttempt, Journal, Response, UpdaterReply, UpdaterRequest, UpgradeStatus,
+    AgentUpgradeAttempt, ErrorCode, Journal, JournalPhase, Response, UpdaterReply, UpdaterRequest,
+    UpgradePhase, UpgradeReason, UpgradeStatus,
 };
 use fleet_common::socket;
 use fleet_common::validate::{
@@ -29,7 +30,7 @@ use fleet_common::validate::{
 use fleet_common::Layout;
 use fleet_harness::poll_until;
 use fleet_harness::ChildGuard;
-use fleet_harness::TestCa;
+use fleet_harness::{HttpsServer, TestCa};
 
 /// Shortened bounds for the updater under test (ms): a candidate that
 /// never becomes ready fails in seconds, not 4 min 15 s.
@@ -509,4 +510,104 @@ pub fn poll_agents_gone(device: &Device) {
         SETTLE,
         || device.running_agents().is_empty().then_some(()),
     );
+}
+
+/// A device on 1.0 with its updater running, and an HTTPS server for
+/// artifacts; the assertions of a refusal that changed nothing.
+pub struct Bench {
+    pub ca: TestCa,
+    pub server: HttpsServer,
+    pub device: Device,
+    pub updater: Updater,
+    pub agent_pid: u32,
+}
+
+/// A device on 1.0 with its updater running, and a server.
+pub fn bench() -> Bench {
+    let ca = TestCa::new();
+    let server = HttpsServer::start(&ca);
+    let device = Device::new(&ca, &StandIn::good("1.0"));
+    let updater = device.start_updater();
+    device.assert_only_agent("1.0");
+    let agent_pid = device.running_agents()[0];
+    Bench {
+        ca,
+        server,
+        device,
+        updater,
+        agent_pid,
+    }
+}
+
+impl Bench {
+    /// Nothing changed on the device: same agent process, same link, no
+    /// candidate or temp file installed.
+    pub fn assert_untouched(&self) {
+        self.device.assert_only_agent("1.0");
+        assert_eq!(
+            self.device.running_agents(),
+            vec![self.agent_pid],
+            "the agent was restarted"
+        );
+        let leftovers: Vec<String> = std::fs::read_dir(self.device.layout.versions_dir())
+            .expect("versions dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "fleet-agent-v1.0")
+            .collect();
+        assert!(
+            leftovers.is_empty(),
+            "left in the versions dir: {leftovers:?}"
+        );
+    }
+
+    /// The attempt failed for `reason` with an error containing `says`,
+    /// the journal agrees, and nothing changed.
+    pub fn assert_failed(
+        &self,
+        a: &fleet_common::contracts::AgentUpgradeAttempt,
+        reason: UpgradeReason,
+        says: &str,
+    ) {
+        let s = self.device.upgrade_ok(a);
+        assert_eq!(
+            (s.phase, s.reason),
+            (UpgradePhase::Failed, Some(reason)),
+            "{s:#?}"
+        );
+        let error = s.error.as_ref().expect("an error").to_string();
+        eprintln!("{:?}: {error}", reason);
+        assert!(error.contains(says), "error {error:?} should say {says:?}");
+        let journal = self.device.journal();
+        let tx = journal.transaction.as_ref().expect("tx");
+        assert_eq!(
+            (tx.attempt.uuid, tx.phase, tx.reason),
+            (a.uuid, JournalPhase::Failed, Some(reason))
+        );
+        let phases: Vec<JournalPhase> = tx.transitions.iter().map(|t| t.phase).collect();
+        assert_eq!(phases, [JournalPhase::Preparing, JournalPhase::Failed]);
+        self.assert_untouched();
+    }
+
+    /// The request was refused with `code` and a message containing
+    /// `says`; no transaction was started.
+    pub fn assert_refused(&self, answer: &str, code: ErrorCode, says: &str) {
+        let v: serde_json::Value =
+            serde_json::from_str(answer.trim()).unwrap_or_else(|e| panic!("{answer:?}: {e}"));
+        assert_eq!(v["ok"], false, "{answer}");
+        assert_eq!(v["error"]["code"], code.as_str(), "{answer}");
+        let message = v["error"]["message"].as_str().expect("message");
+        assert!(message.contains(says), "{message:?} should say {says:?}");
+        assert!(
+            !self.device.layout.journal().exists(),
+            "a transaction was started"
+        );
+        self.assert_untouched();
+    }
+
+    pub fn upgrade_json(&self, attempt: serde_json::Value) -> String {
+        let mut line = serde_json::json!({"request": "upgrade", "attempt": attempt}).to_string();
+        line.push('\n');
+        self.device.raw(line.as_bytes())
+    }
 }

@@ -1,0 +1,358 @@
+//! One authorization request in, one decision and the response to send out.
+//!
+//! Steps of [`Callout::handle`]: decode and verify the server's request
+//! (unanswerable when that fails: nothing in it can be trusted to address a
+//! refusal); check it is addressed to this issuer; take the bearer token from
+//! the client's CONNECT `auth_token` (nats-server discards a CONNECT `jwt`
+//! outside operator mode, so that field never arrives); verify it
+//! (`jwt::verify`, keys from the JWKS cache); issue a user JWT in `DEVICES`
+//! for the device it proves, with exactly the permission template of
+//! `fleet_common`, expiring with the token: the server then closes the
+//! connection and the device must connect again with a fresh token.
+//! Every other outcome is a refusal with its reason; there is no default
+//! permission. Nothing the client says about itself (name, user) is used.
+
+use std::fmt;
+use std::time::Instant;
+
+use fleet_common::callout::{AuthRequestClaims, AuthResponseClaims, UserClaims};
+use fleet_common::validate::DeviceId;
+
+use crate::jwks::JwksCache;
+use crate::jwt::{self, BearerPolicy, TokenError};
+use crate::natsjwt::{self, EncodeError, RequestError};
+use crate::nkeys::AccountSigner;
+
+/// Why a client was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `auth_token` in the CONNECT.
+    NoBearer,
+    Token(TokenError),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoBearer => f.write_str(
+                "no bearer token: connect with the identity provider's access token as the NATS token",
+            ),
+            Self::Token(e) => e.fmt(f),
+        }
+    }
+}
+
+/// What the callout decided about one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Authorized {
+        device: DeviceId,
+        /// The user JWT's expiry, unix seconds.
+        expires: i64,
+        subject: Option<String>,
+    },
+    Refused(Refusal),
+}
+
+/// Who asked, for logs (the client's own words, never trusted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requester {
+    pub server: String,
+    pub client_host: String,
+    pub client_id: u64,
+    pub client_name: String,
+}
+
+impl Requester {
+    fn of(r: &AuthRequestClaims) -> Self {
+        Self {
+            server: r.nats.server_id.name.clone(),
+            client_host: r.nats.client_info.host.clone(),
+            client_id: r.nats.client_info.id,
+            client_name: r.nats.client_info.name.clone(),
+        }
+    }
+}
+
+/// The outcome of one request.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Send `response` (a signed authorization response JWT) as the reply.
+    Answer {
+        response: String,
+        decision: Decision,
+        requester: Requester,
+    },
+    /// Do not answer: the request itself is not to be trusted.
+    Unanswerable(Unanswerable),
+}
+
+/// Why a request gets no answer.
+#[derive(Debug)]
+pub enum Unanswerable {
+    Request(RequestError),
+    /// Addressed to another issuer account than ours.
+    OtherIssuer {
+        expected: String,
+        found: String,
+    },
+    Encode(EncodeError),
+}
+
+impl fmt::Display for Unanswerable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Request(e) => e.fmt(f),
+            Self::OtherIssuer { expected, found } => write!(
+                f,
+                "authorization request for issuer {found}, this callout signs as {expected}: make auth_callout.issuer in the server config this callout's public key"
+            ),
+            Self::Encode(e) => e.fmt(f),
+        }
+    }
+}
+
+/// The callout: issuer key, JWKS cache and bearer policy.
+#[derive(Debug)]
+pub struct Callout {
+    signer: AccountSigner,
+    jwks: JwksCache,
+    policy: BearerPolicy,
+}
+
+impl Callout {
+    pub fn new(signer: AccountSigner, jwks: JwksCache, policy: BearerPolicy) -> Self {
+        Self {
+            signer,
+            jwks,
+            policy,
+        }
+    }
+
+    pub fn issuer(&self) -> String {
+        self.signer.public_key().encode()
+    }
+
+    pub fn jwks(&self) -> &JwksCache {
+        &self.jwks
+    }
+
+    /// Decides `payload` (the request message) at unix time `now_unix` and
+    /// monotonic time `now`.
+    pub fn handle(&self, payload: &[u8], now_unix: i64, now: Instant) -> Outcome {
+        let request = match natsjwt::decode_request(payload, now_unix, self.policy.clock_skew_secs)
+        {
+            Ok(r) => r,
+            Err(e) => return Outcome::Unanswerable(Unanswerable::Request(e)),
+        };
+        let issuer = self.issuer();
+        if request.sub != issuer {
+            return Outcome::Unanswerable(Unanswerable::OtherIssuer {
+                expected: issuer,
+                found: request.sub,
+            });
+        }
+        let requester = Requester::of(&request);
+        let decision = self.decide(&request, now_unix, now);
+        let response = match &decision {
+            Decision::Authorized {
+                device, expires, ..
+            } => {
+                let user = UserClaims::for_device(
+                    device,
+                    &request.nats.user_nkey,
+                    &issuer,
+                    now_unix,
+                    *expires,
+                );
+                natsjwt::encode(user, &self.signer).and_then(|user_jwt| {
+                    natsjwt::encode(
+                        AuthResponseClaims::authorized(&request, &issuer, now_unix, user_jwt),
+                        &self.signer,
+                    )
+                })
+            }
+            Decision::Refused(why) => natsjwt::encode(
+                AuthResponseClaims::refused(&request, &issuer, now_unix, why.to_string()),
+                &self.signer,
+            ),
+        };
+        match response {
+            Ok(response) => Outcome::Answer {
+                response,
+                decision,
+                requester,
+            },
+            Err(e) => Outcome::Unanswerable(Unanswerable::Encode(e)),
+        }
+    }
+
+    fn decide(&self, request: &AuthRequestClaims, now_unix: i64, now: Instant) -> Decision {
+        let opts = &request.nats.connect_opts;
+        let Some(token) = opts.auth_token.as_deref().filter(|t| !t.is_empty()) else {
+            return Decision::Refused(Refusal::NoBearer);
+        };
+        match jwt::verify(token, |kid| self.jwks.key(kid, now), &self.policy, now_unix) {
+            Ok(v) => Decision::Authorized {
+                device: v.device,
+                // The user lives as long as the token proves it (within the
+                // tolerated skew), never past that; `verify` ensured this is
+                // after now.
+                expires: v.expires.saturating_add(self.policy.clock_skew_secs),
+                subject: v.subject,
+            },
+            Err(e) => Decision::Refused(Refusal::Token(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::b64::decode_url;
+    use crate::jwks::KeySet;
+    use crate::jwt::tests::{claims, keys, policy, sign_rs256, NOW};
+    use crate::natsjwt::tests::{request_claims, signed_request};
+    use fleet_common::subjects::device_permissions;
+    use serde_json::{json, Value};
+    use std::time::Duration;
+
+    /// A callout whose JWKS cache is filled from `set` (no HTTPS: the source
+    /// points nowhere and the cache never needs it within the test).
+    fn callout(set: &Value) -> Callout {
+        let seed = crate::nkeys::generate_account_seed().expect("seed");
+        let signer = AccountSigner::from_seed(&seed).expect("signer");
+        struct Fixed(Vec<u8>);
+        impl crate::jwks::JwksSource for Fixed {
+            fn fetch(&self) -> Result<Vec<u8>, crate::https::HttpsError> {
+                Ok(self.0.clone())
+            }
+            fn location(&self) -> &str {
+                "fixed"
+            }
+        }
+        KeySet::parse(set.to_string().as_bytes()).expect("valid set");
+        let jwks = JwksCache::new(
+            Box::new(Fixed(set.to_string().into_bytes())),
+            Duration::from_secs(30),
+            Duration::from_secs(3600),
+        );
+        jwks.refresh(Instant::now()).expect("fills");
+        Callout::new(signer, jwks, policy())
+    }
+
+    fn payload(t: &str) -> Value {
+        let p = t.split('.').nth(1).expect("payload");
+        serde_json::from_slice(&decode_url(p).expect("b64")).expect("json")
+    }
+
+    fn ask(c: &Callout, opts: Value) -> (Value, Decision) {
+        let server = nkeys::KeyPair::new_server();
+        let user = nkeys::KeyPair::new_user().public_key();
+        let mut req = request_claims(&server, &c.issuer(), &user, NOW);
+        req["nats"]["connect_opts"] = opts;
+        let token = signed_request(&server, &req);
+        match c.handle(token.as_bytes(), NOW, Instant::now()) {
+            Outcome::Answer {
+                response, decision, ..
+            } => {
+                let p = payload(&response);
+                assert_eq!(p["aud"], server.public_key().as_str());
+                assert_eq!(p["sub"], user.as_str());
+                assert_eq!(p["iss"], c.issuer().as_str());
+                (p, decision)
+            }
+            Outcome::Unanswerable(e) => panic!("unanswered: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_valid_token_gets_exactly_the_device_permissions() {
+        let k = keys();
+        let c = callout(&json!({"keys": [k.rsa_jwk]}));
+        let token = sign_rs256(
+            &k.rsa,
+            &json!({"alg": "RS256", "kid": "rsa-test-1"}),
+            &claims("dev-a"),
+        );
+        let (resp, decision) = ask(
+            &c,
+            json!({"auth_token": token, "name": "dev-b", "user": "dev-b"}),
+        );
+        let device = DeviceId::parse("dev-a").expect("valid");
+        assert!(
+            matches!(&decision, Decision::Authorized { device: d, expires, .. }
+            if *d == device && *expires == NOW + 3600 + 60)
+        );
+        assert!(resp["nats"]["error"].is_null());
+        let user = payload(resp["nats"]["jwt"].as_str().expect("user jwt"));
+        let p = device_permissions(&device);
+        assert_eq!(user["aud"], "DEVICES");
+        assert_eq!(
+            user["name"], "dev-a",
+            "the token's device, not the client's name"
+        );
+        assert_eq!(user["sub"], resp["sub"]);
+        assert_eq!(user["exp"], NOW + 3600 + 60);
+        assert_eq!(user["nats"]["pub"], json!({"allow": p.publish_allow}));
+        assert_eq!(user["nats"]["sub"], json!({"allow": p.subscribe_allow}));
+        assert!(user["nats"]["resp"].is_null());
+    }
+
+    #[test]
+    fn refusals_are_answered_with_their_reason() {
+        let k = keys();
+        let c = callout(&json!({"keys": [k.rsa_jwk]}));
+        let (resp, decision) = ask(&c, json!({"user": "dev-a", "pass": "x"}));
+        assert_eq!(decision, Decision::Refused(Refusal::NoBearer));
+        assert_eq!(
+            resp["nats"]["error"],
+            Refusal::NoBearer.to_string().as_str()
+        );
+        assert!(resp["nats"]["jwt"].is_null());
+        // A CONNECT jwt is not a bearer token (the server never forwards one).
+        let (_, decision) = ask(&c, json!({"jwt": "d.e.f"}));
+        assert_eq!(decision, Decision::Refused(Refusal::NoBearer));
+        let mut expired = claims("dev-a");
+        expired["exp"] = json!(NOW - 3600);
+        let token = sign_rs256(
+            &k.rsa,
+            &json!({"alg": "RS256", "kid": "rsa-test-1"}),
+            &expired,
+        );
+        let (resp, decision) = ask(&c, json!({"auth_token": token}));
+        assert!(matches!(
+            decision,
+            Decision::Refused(Refusal::Token(TokenError::Expired { .. }))
+        ));
+        assert!(resp["nats"]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("bearer token expired at")));
+        assert!(
+            !resp.to_string().contains(&token),
+            "the token is never echoed"
+        );
+    }
+
+    #[test]
+    fn requests_for_another_issuer_or_forged_are_unanswered() {
+        let k = keys();
+        let c = callout(&json!({"keys": [k.rsa_jwk]}));
+        let server = nkeys::KeyPair::new_server();
+        let user = nkeys::KeyPair::new_user().public_key();
+        let other = nkeys::KeyPair::new_account().public_key();
+        let req = signed_request(&server, &request_claims(&server, &other, &user, NOW));
+        assert!(matches!(
+            c.handle(req.as_bytes(), NOW, Instant::now()),
+            Outcome::Unanswerable(Unanswerable::OtherIssuer { .. })
+        ));
+        let forged = signed_request(
+            &nkeys::KeyPair::new_server(),
+            &request_claims(&server, &c.issuer(), &user, NOW),
+        );
+        assert!(matches!(
+            c.handle(forged.as_bytes(), NOW, Instant::now()),
+            Outcome::Unanswerable(Unanswerable::Request(RequestError::Signature))
+        ));
+    }
+}

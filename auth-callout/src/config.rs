@@ -1,0 +1,354 @@
+//! The callout's config file: JSON, unknown keys rejected, every value
+//! checked before anything starts.
+//!
+//! ```json
+//! {
+//!   "issuer": "https://fleet-idp.example.com",
+//!   "audience": "312909075212468632",
+//!   "jwks_url": "https://fleet-idp.example.com/oauth/v2/keys",
+//!   "device_claim": "device_id",
+//!   "clock_skew_secs": 60,
+//!   "jwks_min_refetch_secs": 30,
+//!   "jwks_max_age_secs": 3600,
+//!   "https_ca_file": null,
+//!   "nats_url": "nats://127.0.0.1:4222",
+//!   "nats_user": "auth-callout",
+//!   "nats_password_file": "/etc/harmony-fleet/auth-callout/nats-password",
+//!   "nats_ca_file": null,
+//!   "issuer_seed_file": "/etc/harmony-fleet/auth-callout/issuer.nk"
+//! }
+//! ```
+//!
+//! Only the first four and the NATS and seed entries are required; the rest
+//! have the defaults shown (`https_ca_file` absent: the built-in web PKI
+//! roots; `nats_ca_file` absent: the nats crate's system roots when the URL
+//! is `tls://`).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fleet_common::callout::DEFAULT_DEVICE_CLAIM;
+use fleet_common::nats_config::CALLOUT_USER;
+use serde::Deserialize;
+
+use crate::jwt::BearerPolicy;
+
+/// Where the config is read when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/harmony-fleet/auth-callout.json";
+/// Largest config file read.
+const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+
+/// Default and largest tolerated clock difference with the provider.
+const DEFAULT_CLOCK_SKEW_SECS: u64 = 60;
+const MAX_CLOCK_SKEW_SECS: u64 = 300;
+/// Default, smallest and largest interval between JWKS refetches: the
+/// smallest still keeps a flood of unknown `kid`s from hammering the provider.
+const DEFAULT_JWKS_MIN_REFETCH_SECS: u64 = 30;
+const MIN_JWKS_MIN_REFETCH_SECS: u64 = 1;
+const MAX_JWKS_MIN_REFETCH_SECS: u64 = 3600;
+/// Default, smallest and largest age after which the key set is refetched
+/// (so a key the provider withdrew stops verifying).
+const DEFAULT_JWKS_MAX_AGE_SECS: u64 = 3600;
+const MIN_JWKS_MAX_AGE_SECS: u64 = 60;
+const MAX_JWKS_MAX_AGE_SECS: u64 = 86_400;
+/// Longest audience, issuer or URL accepted.
+const MAX_TEXT_CHARS: usize = 2048;
+/// Longest device claim name.
+const MAX_CLAIM_CHARS: usize = 128;
+/// Registered claims that cannot carry a device ID (`sub` can: a machine
+/// user's ID is a valid device ID).
+const RESERVED_CLAIMS: [&str; 6] = ["iss", "aud", "exp", "nbf", "iat", "jti"];
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    issuer: String,
+    audience: String,
+    jwks_url: String,
+    #[serde(default)]
+    device_claim: Option<String>,
+    #[serde(default)]
+    clock_skew_secs: Option<u64>,
+    #[serde(default)]
+    jwks_min_refetch_secs: Option<u64>,
+    #[serde(default)]
+    jwks_max_age_secs: Option<u64>,
+    #[serde(default)]
+    https_ca_file: Option<PathBuf>,
+    nats_url: String,
+    #[serde(default)]
+    nats_user: Option<String>,
+    nats_password_file: PathBuf,
+    #[serde(default)]
+    nats_ca_file: Option<PathBuf>,
+    issuer_seed_file: PathBuf,
+}
+
+/// A validated config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub policy: BearerPolicy,
+    pub jwks_url: String,
+    pub jwks_min_refetch: Duration,
+    pub jwks_max_age: Duration,
+    pub https_ca_file: Option<PathBuf>,
+    pub nats_url: String,
+    pub nats_user: String,
+    pub nats_password_file: PathBuf,
+    pub nats_ca_file: Option<PathBuf>,
+    pub issuer_seed_file: PathBuf,
+}
+
+/// Why the config was refused.
+#[derive(Debug)]
+pub enum ConfigError {
+    Read { path: PathBuf, detail: String },
+    Parse { path: PathBuf, detail: String },
+    Invalid { field: &'static str, why: String },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Read { path, detail } => write!(
+                f,
+                "cannot read the config {}: {detail}; pass --config <file>",
+                path.display()
+            ),
+            Self::Parse { path, detail } => write!(
+                f,
+                "config {} is not valid: {detail}; see fleet-auth-callout --help for the keys",
+                path.display()
+            ),
+            Self::Invalid { field, why } => write!(f, "config {field}: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let bytes = fleet_common::durable::read_bounded(path, MAX_CONFIG_BYTES).map_err(|e| {
+            ConfigError::Read {
+                path: path.to_owned(),
+                detail: e.to_string(),
+            }
+        })?;
+        let raw: RawConfig = serde_json::from_slice(&bytes).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            detail: e.to_string(),
+        })?;
+        Self::validate(raw)
+    }
+
+    /// Parses config JSON text (for tests and `load`).
+    pub fn from_json(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = serde_json::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<text>"),
+            detail: e.to_string(),
+        })?;
+        Self::validate(raw)
+    }
+
+    fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+        let invalid = |field, why: &str| ConfigError::Invalid {
+            field,
+            why: why.to_owned(),
+        };
+        let https = |field, v: &str| {
+            if v.chars().count() > MAX_TEXT_CHARS {
+                return Err(invalid(field, "too long"));
+            }
+            let host = v.strip_prefix("https://").unwrap_or_default();
+            if host.is_empty()
+                || host.starts_with('/')
+                || v.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return Err(ConfigError::Invalid {
+                    field,
+                    why: format!("{v:?} is not an https:// URL; the identity provider is reached over HTTPS only"),
+                });
+            }
+            Ok(())
+        };
+        https("issuer", &raw.issuer)?;
+        https("jwks_url", &raw.jwks_url)?;
+        if raw.audience.is_empty() || raw.audience.chars().count() > MAX_TEXT_CHARS {
+            return Err(invalid(
+                "audience",
+                "must be the audience the provider puts in device tokens (for Zitadel, the project ID)",
+            ));
+        }
+        let device_claim = raw
+            .device_claim
+            .unwrap_or_else(|| DEFAULT_DEVICE_CLAIM.to_owned());
+        if device_claim.is_empty()
+            || device_claim.chars().count() > MAX_CLAIM_CHARS
+            || RESERVED_CLAIMS.contains(&device_claim.as_str())
+        {
+            return Err(ConfigError::Invalid {
+                field: "device_claim",
+                why: format!(
+                    "{device_claim:?}: name the claim holding the device ID (1 to {MAX_CLAIM_CHARS} characters, not one of {RESERVED_CLAIMS:?})"
+                ),
+            });
+        }
+        let ranged = |field, v: Option<u64>, default, min, max| match v {
+            None => Ok(default),
+            Some(v) if (min..=max).contains(&v) => Ok(v),
+            Some(v) => Err(ConfigError::Invalid {
+                field,
+                why: format!("{v} is outside {min}..={max}"),
+            }),
+        };
+        let skew = ranged(
+            "clock_skew_secs",
+            raw.clock_skew_secs,
+            DEFAULT_CLOCK_SKEW_SECS,
+            0,
+            MAX_CLOCK_SKEW_SECS,
+        )?;
+        let min_refetch = ranged(
+            "jwks_min_refetch_secs",
+            raw.jwks_min_refetch_secs,
+            DEFAULT_JWKS_MIN_REFETCH_SECS,
+            MIN_JWKS_MIN_REFETCH_SECS,
+            MAX_JWKS_MIN_REFETCH_SECS,
+        )?;
+        let max_age = ranged(
+            "jwks_max_age_secs",
+            raw.jwks_max_age_secs,
+            DEFAULT_JWKS_MAX_AGE_SECS,
+            MIN_JWKS_MAX_AGE_SECS,
+            MAX_JWKS_MAX_AGE_SECS,
+        )?;
+        let url_ok = ["nats://", "tls://"].iter().any(|s| {
+            raw.nats_url
+                .strip_prefix(s)
+                .is_some_and(|rest| !rest.is_empty())
+        });
+        if !url_ok || raw.nats_url.chars().any(char::is_whitespace) {
+            return Err(ConfigError::Invalid {
+                field: "nats_url",
+                why: format!(
+                    "{:?} is not a nats:// or tls:// URL (several servers: separate with commas)",
+                    raw.nats_url
+                ),
+            });
+        }
+        let nats_user = raw.nats_user.unwrap_or_else(|| CALLOUT_USER.to_owned());
+        if nats_user.is_empty() {
+            return Err(invalid("nats_user", "must not be empty"));
+        }
+        let absolute = |field, p: &Path| {
+            if p.is_absolute() {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid {
+                    field,
+                    why: format!("{} is not an absolute path", p.display()),
+                })
+            }
+        };
+        absolute("nats_password_file", &raw.nats_password_file)?;
+        absolute("issuer_seed_file", &raw.issuer_seed_file)?;
+        if let Some(p) = &raw.https_ca_file {
+            absolute("https_ca_file", p)?;
+        }
+        if let Some(p) = &raw.nats_ca_file {
+            absolute("nats_ca_file", p)?;
+        }
+        Ok(Config {
+            policy: BearerPolicy {
+                issuer: raw.issuer,
+                audience: raw.audience,
+                device_claim,
+                clock_skew_secs: i64::try_from(skew).unwrap_or(0),
+            },
+            jwks_url: raw.jwks_url,
+            jwks_min_refetch: Duration::from_secs(min_refetch),
+            jwks_max_age: Duration::from_secs(max_age),
+            https_ca_file: raw.https_ca_file,
+            nats_url: raw.nats_url,
+            nats_user,
+            nats_password_file: raw.nats_password_file,
+            nats_ca_file: raw.nats_ca_file,
+            issuer_seed_file: raw.issuer_seed_file,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn minimal() -> Value {
+        json!({
+            "issuer": "https://idp.example.com",
+            "audience": "fleet",
+            "jwks_url": "https://idp.example.com/oauth/v2/keys",
+            "nats_url": "nats://127.0.0.1:4222",
+            "nats_password_file": "/etc/harmony-fleet/auth-callout/nats-password",
+            "issuer_seed_file": "/etc/harmony-fleet/auth-callout/issuer.nk"
+        })
+    }
+
+    fn refuse(f: impl Fn(&mut Value)) -> String {
+        let mut v = minimal();
+        f(&mut v);
+        Config::from_json(&v.to_string())
+            .expect_err("refused")
+            .to_string()
+    }
+
+    #[test]
+    fn minimal_config_takes_the_defaults() {
+        let c = Config::from_json(&minimal().to_string()).expect("valid");
+        assert_eq!(c.policy.device_claim, "device_id");
+        assert_eq!(c.policy.clock_skew_secs, 60);
+        assert_eq!(c.jwks_min_refetch, Duration::from_secs(30));
+        assert_eq!(c.jwks_max_age, Duration::from_secs(3600));
+        assert_eq!(c.nats_user, "auth-callout");
+        assert_eq!(c.https_ca_file, None);
+    }
+
+    #[test]
+    fn every_bad_value_is_refused_with_its_field() {
+        assert!(refuse(|v| v["extra"] = json!(1)).contains("unknown field `extra`"));
+        assert_eq!(
+            refuse(|v| v["issuer"] = json!("http://idp.example.com")),
+            "config issuer: \"http://idp.example.com\" is not an https:// URL; the identity provider is reached over HTTPS only"
+        );
+        assert!(refuse(|v| v["jwks_url"] = json!("https://")).starts_with("config jwks_url:"));
+        assert!(refuse(|v| v["audience"] = json!("")).starts_with("config audience:"));
+        assert!(refuse(|v| v["device_claim"] = json!("exp")).starts_with("config device_claim:"));
+        assert_eq!(
+            refuse(|v| v["clock_skew_secs"] = json!(301)),
+            "config clock_skew_secs: 301 is outside 0..=300"
+        );
+        assert!(refuse(|v| v["jwks_min_refetch_secs"] = json!(0)).contains("outside 1..=3600"));
+        assert!(refuse(|v| v["jwks_max_age_secs"] = json!(10)).contains("outside 60..=86400"));
+        assert!(refuse(|v| v["nats_url"] = json!("http://x")).starts_with("config nats_url:"));
+        assert_eq!(
+            refuse(|v| v["issuer_seed_file"] = json!("issuer.nk")),
+            "config issuer_seed_file: issuer.nk is not an absolute path"
+        );
+        assert!(refuse(|v| {
+            v.as_object_mut().expect("obj").remove("audience");
+        })
+        .contains("missing field `audience`"));
+    }
+
+    #[test]
+    fn sub_may_carry_the_device_id() {
+        let mut v = minimal();
+        v["device_claim"] = json!("sub");
+        v["clock_skew_secs"] = json!(0);
+        let c = Config::from_json(&v.to_string()).expect("valid");
+        assert_eq!(c.policy.device_claim, "sub");
+        assert_eq!(c.policy.clock_skew_secs, 0);
+    }
+}

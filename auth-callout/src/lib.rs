@@ -1,0 +1,31 @@
+//! `fleet-auth-callout`: the NATS auth callout of a Harmony fleet. nats-server
+//! (2.10 and later) hands every device connection to it; it verifies the
+//! identity provider's bearer JWT against the provider's JWKS and answers
+//! with a user in account `DEVICES` carrying exactly the device's permissions
+//! from `fleet_common`'s one template, or a refusal with its reason.
+//!
+//! Modules: `config` (the JSON config), `https` (the identity provider's
+//! transport), `jwks` (its keys, cached), `jwt` (bearer verification),
+//! `nkeys` (the issuer key, Ed25519 with ring), `natsjwt` (NATS JWT encoding
+//! and request verification), `callout` (request → decision → response),
+//! `service` (NATS, threads, logging), `oauth_client` (the device side's
+//! client-credentials token client, parked here for the agent).
+
+mod b64;
+mod callout;
+mod config;
+mod https;
+mod jwks;
+mod jwt;
+mod natsjwt;
+mod nkeys;
+pub mod oauth_client;
+mod service;
+
+pub use callout::{Callout, Decision, Outcome, Refusal};
+pub use config::{Config, ConfigError, DEFAULT_CONFIG_PATH};
+pub use https::{agent as https_agent, HttpsError};
+pub use jwks::{HttpsJwks, JwksCache};
+pub use jwt::{BearerPolicy, TokenError};
+pub use nkeys::{keygen, AccountSigner, NkeysError};
+pub use service::{run, ServiceError, QUEUE_GROUP};

@@ -1,0 +1,312 @@
+//! The running service.
+//!
+//! Steps of [`run`], everything that can fail done before any thread starts:
+//! load the issuer seed and the NATS password; build the HTTPS agent and the
+//! JWKS cache and fetch the key set once (a failure is logged, not fatal: the
+//! first request retries); connect to NATS as the callout user (bounded by
+//! [`NATS_CONNECT_ATTEMPT_TIMEOUT`], reconnecting forever afterwards);
+//! queue-subscribe to the callout subject (several instances share the
+//! load); start [`WORKERS`] named worker threads that take requests from the
+//! one subscription, decide, answer and log; tell systemd READY=1. `run`
+//! returns only when the NATS connection is closed for good, after joining
+//! the workers with a time limit.
+//!
+//! SIGTERM ends the process at once: the service holds no state worth a
+//! drain, and a client whose request was in flight is refused by the server
+//! after `authorization.timeout` and connects again.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fleet_common::limits::NATS_CONNECT_ATTEMPT_TIMEOUT;
+use fleet_common::subjects::AUTH_CALLOUT_SUBJECT;
+
+use crate::callout::{Callout, Decision, Outcome};
+use crate::config::Config;
+use crate::https::{self, HttpsError};
+use crate::jwks::{HttpsJwks, JwksCache};
+use crate::nkeys::{AccountSigner, NkeysError};
+
+/// Queue group of every callout instance.
+pub const QUEUE_GROUP: &str = "fleet-auth-callout";
+/// Worker threads: a JWKS refetch holds one for up to the IdP request
+/// timeout while the others keep answering.
+pub const WORKERS: usize = 4;
+/// How often an idle worker checks whether the service is stopping.
+const WORKER_POLL: Duration = Duration::from_millis(500);
+/// Joining the workers once the connection is closed.
+const WORKER_JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest NATS password file read.
+const MAX_PASSWORD_FILE_BYTES: u64 = 4096;
+
+/// Why the service could not start or stopped.
+#[derive(Debug)]
+pub enum ServiceError {
+    Seed(NkeysError),
+    Password {
+        path: PathBuf,
+        detail: String,
+    },
+    Https(HttpsError),
+    Connect {
+        url: String,
+        detail: String,
+    },
+    ConnectTimeout {
+        url: String,
+    },
+    Subscribe(io::Error),
+    Spawn(io::Error),
+    /// The NATS connection closed for good.
+    Closed,
+}
+
+impl fmt::Display for ServiceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Seed(e) => e.fmt(f),
+            Self::Password { path, detail } => write!(
+                f,
+                "NATS password file {}: {detail}",
+                path.display()
+            ),
+            Self::Https(e) => e.fmt(f),
+            Self::Connect { url, detail } => write!(
+                f,
+                "cannot connect to NATS at {url}: {detail}; check nats_url, nats_user and the password (the user must be in auth_callout.auth_users)"
+            ),
+            Self::ConnectTimeout { url } => write!(
+                f,
+                "connecting to NATS at {url} took longer than {} s; check nats_url and the network",
+                NATS_CONNECT_ATTEMPT_TIMEOUT.as_secs()
+            ),
+            Self::Subscribe(e) => write!(f, "cannot subscribe to {AUTH_CALLOUT_SUBJECT}: {e}"),
+            Self::Spawn(e) => write!(f, "cannot start a worker thread: {e}"),
+            Self::Closed => f.write_str("the NATS connection closed for good"),
+        }
+    }
+}
+
+impl std::error::Error for ServiceError {}
+
+/// Unix seconds now.
+fn unix_now() -> i64 {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    i64::try_from(secs).unwrap_or(i64::MAX)
+}
+
+/// Reads a secret file: bounded, not readable by group or others, surrounding
+/// whitespace dropped, not empty.
+pub fn read_secret(path: &Path) -> Result<String, ServiceError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |detail: String| ServiceError::Password {
+        path: path.to_owned(),
+        detail,
+    };
+    let mode = std::fs::metadata(path)
+        .map_err(|e| err(e.to_string()))?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(err(format!(
+            "mode {mode:04o} lets group or others read it; run chmod 0600 {}",
+            path.display()
+        )));
+    }
+    let bytes = fleet_common::durable::read_bounded(path, MAX_PASSWORD_FILE_BYTES)
+        .map_err(|e| err(e.to_string()))?;
+    let text = String::from_utf8(bytes).map_err(|_| err("not UTF-8".to_owned()))?;
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(err("empty".to_owned()));
+    }
+    Ok(secret.to_owned())
+}
+
+/// Runs the callout until the NATS connection closes for good.
+pub fn run(config: &Config) -> Result<(), ServiceError> {
+    let signer = AccountSigner::load(&config.issuer_seed_file).map_err(ServiceError::Seed)?;
+    let password = read_secret(&config.nats_password_file)?;
+    let agent = https::agent(config.https_ca_file.as_deref()).map_err(ServiceError::Https)?;
+    let jwks = JwksCache::new(
+        Box::new(HttpsJwks::new(agent, config.jwks_url.clone())),
+        config.jwks_min_refetch,
+        config.jwks_max_age,
+    );
+    if let Err(e) = jwks.refresh(Instant::now()) {
+        log::warn!("{e}; retrying when the first device connects");
+    }
+    let callout = Arc::new(Callout::new(signer, jwks, config.policy.clone()));
+    log::info!(
+        issuer = callout.issuer().as_str();
+        "signing as issuer account {}", callout.issuer()
+    );
+
+    let closed = Arc::new(AtomicBool::new(false));
+    let nc = connect(config, &password, Arc::clone(&closed))?;
+    let sub = nc
+        .queue_subscribe(AUTH_CALLOUT_SUBJECT, QUEUE_GROUP)
+        .map_err(ServiceError::Subscribe)?;
+    nc.flush().map_err(ServiceError::Subscribe)?;
+
+    let (done_tx, done_rx) = mpsc::channel::<usize>();
+    let mut handles = Vec::with_capacity(WORKERS);
+    for i in 0..WORKERS {
+        let sub = sub.clone();
+        let callout = Arc::clone(&callout);
+        let stop = Arc::clone(&closed);
+        let done = done_tx.clone();
+        let handle = thread::Builder::new()
+            .name(format!("auth-callout-worker-{i}"))
+            .spawn(move || {
+                work(&sub, &callout, &stop);
+                let _ = done.send(i);
+            });
+        match handle {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                closed.store(true, Ordering::SeqCst);
+                return Err(ServiceError::Spawn(e));
+            }
+        }
+    }
+    drop(done_tx);
+    log::info!(
+        subject = AUTH_CALLOUT_SUBJECT, workers = WORKERS;
+        "answering authorization requests"
+    );
+    notify_ready();
+
+    // Block until a worker ends: only a closed connection ends one.
+    let _ = done_rx.recv();
+    closed.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + WORKER_JOIN_TIMEOUT;
+    let mut ended = 1;
+    while ended < handles.len() {
+        match done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(_) => ended += 1,
+            Err(_) => {
+                log::error!(
+                    "{} worker threads did not stop within {WORKER_JOIN_TIMEOUT:?}",
+                    handles.len() - ended
+                );
+                return Err(ServiceError::Closed);
+            }
+        }
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    Err(ServiceError::Closed)
+}
+
+/// Connects on a helper thread so the attempt is bounded (the nats crate has
+/// no connect timeout of its own).
+fn connect(
+    config: &Config,
+    password: &str,
+    closed: Arc<AtomicBool>,
+) -> Result<nats::Connection, ServiceError> {
+    let mut options = nats::Options::with_user_pass(&config.nats_user, password)
+        .with_name(QUEUE_GROUP)
+        .max_reconnects(None)
+        .disconnect_callback(|| log::warn!("NATS connection lost; reconnecting"))
+        .reconnect_callback(|| log::info!("NATS connection re-established"))
+        .close_callback(move || closed.store(true, Ordering::SeqCst));
+    if let Some(ca) = &config.nats_ca_file {
+        options = options.add_root_certificate(ca);
+    }
+    let url = config.nats_url.clone();
+    let (tx, rx) = mpsc::channel();
+    thread::Builder::new()
+        .name("auth-callout-connect".to_owned())
+        .spawn(move || {
+            let _ = tx.send(options.connect(url.as_str()));
+        })
+        .map_err(ServiceError::Spawn)?;
+    match rx.recv_timeout(NATS_CONNECT_ATTEMPT_TIMEOUT) {
+        Ok(Ok(nc)) => Ok(nc),
+        Ok(Err(e)) => Err(ServiceError::Connect {
+            url: config.nats_url.clone(),
+            detail: e.to_string(),
+        }),
+        Err(_) => Err(ServiceError::ConnectTimeout {
+            url: config.nats_url.clone(),
+        }),
+    }
+}
+
+/// One worker: take a request, decide, answer, log; until closed.
+fn work(sub: &nats::Subscription, callout: &Callout, closed: &AtomicBool) {
+    while !closed.load(Ordering::SeqCst) {
+        let msg = match sub.next_timeout(WORKER_POLL) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
+            Err(e) => {
+                if !closed.load(Ordering::SeqCst) {
+                    log::error!("subscription ended: {e}");
+                }
+                return;
+            }
+        };
+        answer(&msg, callout);
+    }
+}
+
+fn answer(msg: &nats::Message, callout: &Callout) {
+    match callout.handle(&msg.data, unix_now(), Instant::now()) {
+        Outcome::Answer {
+            response,
+            decision,
+            requester: r,
+        } => {
+            // The client chose its name: escaped, so it cannot forge lines.
+            let client_name = format!("{:?}", r.client_name);
+            match &decision {
+                Decision::Authorized {
+                    device,
+                    expires,
+                    subject,
+                } => log::info!(
+                    device = device.as_str(),
+                    subject = subject.as_deref().unwrap_or(""),
+                    expires = *expires,
+                    client_host = r.client_host.as_str(),
+                    client_id = r.client_id,
+                    server = r.server.as_str();
+                    "authorized device {device}"
+                ),
+                Decision::Refused(why) => log::warn!(
+                    client_host = r.client_host.as_str(),
+                    client_id = r.client_id,
+                    client_name = client_name.as_str(),
+                    server = r.server.as_str();
+                    "refused: {why}"
+                ),
+            }
+            if let Err(e) = msg.respond(response) {
+                log::error!("cannot send the authorization response: {e}");
+            }
+        }
+        Outcome::Unanswerable(e) => log::warn!("authorization request not answered: {e}"),
+    }
+}
+
+/// READY=1 to systemd when started by it (Type=notify); nothing otherwise.
+fn notify_ready() {
+    if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        if let Err(e) = libsystemd::daemon::notify(false, &[libsystemd::daemon::NotifyState::Ready])
+        {
+            log::warn!("cannot notify systemd: {e}");
+        }
+    }
+}

@@ -1,0 +1,660 @@
+//! `fleetctl artifact push <oci-ref> <binary>`: publishes an agent binary
+//! as a fleet agent release in an OCI registry (DESIGN.md "Artifacts"), so
+//! no other tool is needed.
+//!
+//! Steps: validate the reference (a tag) and the binary (a regular file of
+//! 1 byte to the 100 MiB ceiling), hash it while reading; upload the OCI
+//! 1.1 empty config blob and the binary blob (each skipped when the
+//! registry already has it; otherwise `POST` an upload, then one `PUT` of
+//! the bytes with their digest); `PUT` the manifest
+//! ([`OciManifest::for_agent`]) under the tag; check the digest the
+//! registry answers against the one computed here; print the manifest
+//! digest, the pinned reference, and the sha256 and size for an attempt.
+//!
+//! HTTPS only, anonymous (registries that need credentials for a push are
+//! not supported yet), trust anchors the system store plus `--ca-file`.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use fleet_common::contracts::{OciManifest, OCI_EMPTY_BLOB, OCI_MANIFEST_MEDIA_TYPE};
+use fleet_common::limits::{HTTPS_CONNECT_TIMEOUT, HTTPS_REQUEST_TIMEOUT, MAX_ARTIFACT_BYTES};
+use fleet_common::validate::{OciReference, OciTarget, Sha256Hex};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
+use sha2::Digest;
+
+/// The Debian/Ubuntu system trust store.
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Read size while hashing the binary.
+const HASH_CHUNK_BYTES: usize = 128 * 1024;
+/// Of an error answer, only this much is read (the registry's error JSON).
+const MAX_ERROR_BODY_BYTES: u64 = 16 * 1024;
+
+pub const HELP: &str = "fleetctl artifact: publish agent releases
+
+Usage:
+  fleetctl artifact push <oci-reference> <binary> [--ca-file <pem>]
+
+  <oci-reference>  oci://host[:port]/repository:tag
+  <binary>         the fleet-agent binary (at most 100 MiB)
+  --ca-file        extra CA certificates (PEM) trusted for the registry
+
+Uploads the binary as an OCI artifact (artifactType
+application/vnd.harmony.fleet-agent.v1, one layer of media type
+application/vnd.harmony.fleet-agent.binary.v1, the empty config) and prints
+the manifest digest, the pinned reference and the sha256 and size to put in
+an upgrade attempt.
+";
+
+/// `fleetctl artifact ...`: runs the subcommand, prints its result or its
+/// error, and gives the exit code (2 for a usage error, 1 for a failure).
+pub fn main(args: &[String]) -> ExitCode {
+    let command = match Command::parse(args) {
+        Ok(c) => c,
+        Err(ArtifactError::Help) => {
+            print!("{HELP}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("fleetctl artifact: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match command.run() {
+        Ok(pushed) => {
+            print!("{pushed}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fleetctl artifact push: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// A validated `artifact` command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Push {
+        reference: OciReference,
+        binary: PathBuf,
+        ca_file: Option<PathBuf>,
+    },
+}
+
+impl Command {
+    pub fn parse(args: &[String]) -> Result<Self, ArtifactError> {
+        let usage = |why: String| ArtifactError::Usage(why);
+        match args.first().map(String::as_str) {
+            None | Some("--help" | "-h" | "help") => return Err(ArtifactError::Help),
+            Some("push") => {}
+            Some(other) => {
+                return Err(usage(format!(
+                    "unknown subcommand {other:?}; the subcommand is push"
+                )))
+            }
+        }
+        let mut positional = Vec::new();
+        let mut ca_file = None;
+        let mut rest = args[1..].iter();
+        while let Some(a) = rest.next() {
+            match a.as_str() {
+                "--help" | "-h" => return Err(ArtifactError::Help),
+                "--ca-file" => {
+                    let p = rest
+                        .next()
+                        .ok_or_else(|| usage("--ca-file needs a path".to_owned()))?;
+                    ca_file = Some(PathBuf::from(p));
+                }
+                s if s.starts_with("--") => {
+                    return Err(usage(format!("unknown option {s:?}")));
+                }
+                _ => positional.push(a),
+            }
+        }
+        let [reference, binary] = positional.as_slice() else {
+            return Err(usage(format!(
+                "push takes <oci-reference> <binary>, got {} arguments; see fleetctl artifact --help",
+                positional.len()
+            )));
+        };
+        let reference = OciReference::parse(reference).map_err(|e| usage(e.to_string()))?;
+        if let OciTarget::Digest(_) = reference.target() {
+            return Err(usage(format!(
+                "{reference}: push to a tag (oci://host[:port]/repository:tag); the digest to pin is printed after the push"
+            )));
+        }
+        Ok(Self::Push {
+            reference,
+            binary: PathBuf::from(binary),
+            ca_file,
+        })
+    }
+
+    pub fn run(&self) -> Result<Pushed, ArtifactError> {
+        match self {
+            Self::Push {
+                reference,
+                binary,
+                ca_file,
+            } => push(reference, binary, ca_file.as_deref()),
+        }
+    }
+}
+
+/// What a push published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pushed {
+    pub reference: OciReference,
+    pub manifest_digest: Sha256Hex,
+    /// The reference pinned to the manifest digest.
+    pub pinned: OciReference,
+    pub sha256: Sha256Hex,
+    pub size: u64,
+}
+
+impl fmt::Display for Pushed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "pushed {}", self.reference)?;
+        writeln!(f, "manifest-digest: sha256:{}", self.manifest_digest)?;
+        writeln!(f, "pinned: {}", self.pinned)?;
+        writeln!(f, "sha256: {}", self.sha256)?;
+        writeln!(f, "size: {}", self.size)?;
+        writeln!(
+            f,
+            "attempt: artifact-url {} (or the tag), sha256 {}, max-bytes at least {}",
+            self.pinned, self.sha256, self.size
+        )
+    }
+}
+
+/// An `artifact` command that did not publish.
+#[derive(Debug)]
+pub enum ArtifactError {
+    Help,
+    Usage(String),
+    Binary {
+        path: PathBuf,
+        message: String,
+    },
+    BinaryTooLarge {
+        path: PathBuf,
+        size: u64,
+    },
+    CaFile {
+        path: PathBuf,
+        message: String,
+    },
+    Tls(String),
+    Request {
+        what: &'static str,
+        url: String,
+        message: String,
+    },
+    Status {
+        what: &'static str,
+        url: String,
+        status: u16,
+        registry: Option<String>,
+    },
+    DigestMismatch {
+        answered: String,
+        computed: Sha256Hex,
+    },
+}
+
+impl fmt::Display for ArtifactError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Help => f.write_str("help requested"),
+            Self::Usage(why) => f.write_str(why),
+            Self::Binary { path, message } => {
+                write!(f, "reading the binary {}: {message}", path.display())
+            }
+            Self::BinaryTooLarge { path, size } => write!(
+                f,
+                "the binary {} is {size} bytes, more than the {MAX_ARTIFACT_BYTES}-byte (100 MiB) ceiling every updater refuses above",
+                path.display()
+            ),
+            Self::CaFile { path, message } => write!(
+                f,
+                "--ca-file {}: {message}: give a PEM file of CA certificates",
+                path.display()
+            ),
+            Self::Tls(m) => write!(f, "setting up TLS: {m}"),
+            Self::Request { what, url, message } => {
+                write!(f, "{what} ({url}): {message}")?;
+                if message.contains("certificate") {
+                    f.write_str("; the registry's certificate is not trusted: give its CA with --ca-file")?;
+                }
+                Ok(())
+            }
+            Self::Status {
+                what,
+                url,
+                status,
+                registry,
+            } => {
+                write!(f, "{what} ({url}): the registry answered HTTP {status}")?;
+                if let Some(r) = registry {
+                    write!(f, " ({r})")?;
+                }
+                if matches!(status, 401 | 403) {
+                    f.write_str("; the registry requires credentials to push, and fleetctl pushes anonymously only")?;
+                }
+                Ok(())
+            }
+            Self::DigestMismatch { answered, computed } => write!(
+                f,
+                "the registry stored the manifest as {answered}, not sha256:{computed} as computed here; do not use this release, check the registry"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ArtifactError {}
+
+/// Publishes `binary` at `reference` (a tag).
+pub fn push(
+    reference: &OciReference,
+    binary: &Path,
+    ca_file: Option<&Path>,
+) -> Result<Pushed, ArtifactError> {
+    let (sha256, size) = hash_binary(binary)?;
+    let agent = client(ca_file)?;
+    let registry = Registry {
+        agent: &agent,
+        base: format!(
+            "https://{}/v2/{}",
+            reference.registry(),
+            reference.repository()
+        ),
+        origin: format!("https://{}", reference.registry()),
+    };
+    registry.upload_blob(
+        &Sha256Hex::of(OCI_EMPTY_BLOB),
+        OCI_EMPTY_BLOB.len() as u64,
+        || Ok(Box::new(OCI_EMPTY_BLOB)),
+    )?;
+    registry.upload_blob(&sha256, size, || {
+        File::open(binary)
+            .map(|f| Box::new(f) as Box<dyn Read>)
+            .map_err(|e| ArtifactError::Binary {
+                path: binary.to_owned(),
+                message: e.to_string(),
+            })
+    })?;
+    let manifest = OciManifest::for_agent(&sha256, size).to_bytes();
+    let manifest_digest = Sha256Hex::of(&manifest);
+    let answered = registry.put_manifest(&reference.manifest_reference(), &manifest)?;
+    if let Some(answered) = answered {
+        if answered != format!("sha256:{manifest_digest}") {
+            return Err(ArtifactError::DigestMismatch {
+                answered,
+                computed: manifest_digest,
+            });
+        }
+    }
+    let pinned = OciReference::parse(&format!(
+        "oci://{}/{}@sha256:{manifest_digest}",
+        reference.registry(),
+        reference.repository()
+    ))
+    .map_err(|e| ArtifactError::Usage(e.to_string()))?;
+    Ok(Pushed {
+        reference: reference.clone(),
+        manifest_digest,
+        pinned,
+        sha256,
+        size,
+    })
+}
+
+/// SHA-256 and size of the binary, streamed; refuses what no updater
+/// would install (not a regular file, empty, over the ceiling).
+fn hash_binary(path: &Path) -> Result<(Sha256Hex, u64), ArtifactError> {
+    let bad = |message: String| ArtifactError::Binary {
+        path: path.to_owned(),
+        message,
+    };
+    let mut file = File::open(path).map_err(|e| bad(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file".to_owned()));
+    }
+    if meta.len() > MAX_ARTIFACT_BYTES {
+        return Err(ArtifactError::BinaryTooLarge {
+            path: path.to_owned(),
+            size: meta.len(),
+        });
+    }
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; HASH_CHUNK_BYTES];
+    let mut size: u64 = 0;
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                hasher.update(&buf[..n]);
+                size += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(bad(e.to_string())),
+        }
+    }
+    if size == 0 {
+        return Err(bad("the file is empty".to_owned()));
+    }
+    if size > MAX_ARTIFACT_BYTES {
+        return Err(ArtifactError::BinaryTooLarge {
+            path: path.to_owned(),
+            size,
+        });
+    }
+    Ok((Sha256Hex::from_digest(&hasher.finalize().into()), size))
+}
+
+/// The HTTPS client: the system store (when present) plus `ca_file`,
+/// ring, redirects off, the connect and request bounds.
+fn client(ca_file: Option<&Path>) -> Result<ureq::Agent, ArtifactError> {
+    let mut roots = rustls::RootCertStore::empty();
+    if let Ok(pem) = std::fs::read(SYSTEM_CA_BUNDLE) {
+        for cert in CertificateDer::pem_slice_iter(&pem).flatten() {
+            // A bundle may hold a certificate rustls cannot use; skip it.
+            let _ = roots.add(cert);
+        }
+    }
+    if let Some(path) = ca_file {
+        let bad = |message: String| ArtifactError::CaFile {
+            path: path.to_owned(),
+            message,
+        };
+        let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        let mut added = 0;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|e| bad(format!("not valid PEM: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| bad(format!("unusable certificate: {e}")))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(bad("no CERTIFICATE block".to_owned()));
+        }
+    }
+    if roots.is_empty() {
+        return Err(ArtifactError::Tls(format!(
+            "no trust anchors: {SYSTEM_CA_BUNDLE} is missing and no --ca-file was given"
+        )));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ArtifactError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(ureq::AgentBuilder::new()
+        .tls_config(Arc::new(tls))
+        .https_only(true)
+        .redirects(0)
+        .timeout_connect(HTTPS_CONNECT_TIMEOUT)
+        .timeout(HTTPS_REQUEST_TIMEOUT)
+        .user_agent(concat!("fleetctl/", env!("CARGO_PKG_VERSION")))
+        .build())
+}
+
+/// One repository of one registry.
+struct Registry<'a> {
+    agent: &'a ureq::Agent,
+    /// `https://host[:port]/v2/<repository>`.
+    base: String,
+    /// `https://host[:port]`.
+    origin: String,
+}
+
+impl Registry<'_> {
+    /// Uploads a blob unless the registry has it: `POST` an upload session,
+    /// then one `PUT` of the `size` bytes `body` gives, with their digest.
+    fn upload_blob(
+        &self,
+        digest: &Sha256Hex,
+        size: u64,
+        body: impl FnOnce() -> Result<Box<dyn Read>, ArtifactError>,
+    ) -> Result<(), ArtifactError> {
+        let blob = format!("{}/blobs/sha256:{digest}", self.base);
+        if let Ok(r) = self.agent.head(&blob).call() {
+            if r.status() == 200 {
+                return Ok(());
+            }
+        }
+        let start = format!("{}/blobs/uploads/", self.base);
+        let what = "starting a blob upload";
+        let started = self.call(what, &start, self.agent.post(&start).send_bytes(&[]))?;
+        if started.status() != 202 {
+            return Err(status(what, &start, started));
+        }
+        let location = started.header("location").unwrap_or_default();
+        let upload = if location.starts_with('/') {
+            format!("{}{location}", self.origin)
+        } else if location.starts_with("https://") {
+            location.to_owned()
+        } else {
+            return Err(ArtifactError::Request {
+                what,
+                url: start,
+                message: format!(
+                    "the registry answered an upload location that is not https: {location:?}"
+                ),
+            });
+        };
+        let separator = if upload.contains('?') { '&' } else { '?' };
+        let put = format!("{upload}{separator}digest=sha256%3A{digest}");
+        let what = "uploading a blob";
+        let shown = format!("{}/blobs/uploads/… sha256:{digest}", self.base);
+        let done = self.call(
+            what,
+            &shown,
+            self.agent
+                .put(&put)
+                .set("Content-Type", "application/octet-stream")
+                .set("Content-Length", &size.to_string())
+                .send(body()?),
+        )?;
+        if done.status() != 201 {
+            return Err(status(what, &shown, done));
+        }
+        Ok(())
+    }
+
+    /// PUTs the manifest; the digest the registry answers, if it does.
+    fn put_manifest(&self, tag: &str, manifest: &[u8]) -> Result<Option<String>, ArtifactError> {
+        let url = format!("{}/manifests/{tag}", self.base);
+        let what = "putting the manifest";
+        let r = self.call(
+            what,
+            &url,
+            self.agent
+                .put(&url)
+                .set("Content-Type", OCI_MANIFEST_MEDIA_TYPE)
+                .send_bytes(manifest),
+        )?;
+        if r.status() != 201 {
+            return Err(status(what, &url, r));
+        }
+        Ok(r.header("docker-content-digest").map(str::to_owned))
+    }
+
+    /// A response, whatever its status; transport failures are errors.
+    fn call(
+        &self,
+        what: &'static str,
+        url: &str,
+        result: Result<ureq::Response, ureq::Error>,
+    ) -> Result<ureq::Response, ArtifactError> {
+        match result {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => Ok(r),
+            Err(ureq::Error::Transport(t)) => Err(ArtifactError::Request {
+                what,
+                url: url.to_owned(),
+                message: transport_message(&t),
+            }),
+        }
+    }
+}
+
+fn status(what: &'static str, url: &str, response: ureq::Response) -> ArtifactError {
+    ArtifactError::Status {
+        what,
+        url: url.to_owned(),
+        status: response.status(),
+        registry: registry_error(response),
+    }
+}
+
+/// The first error of a registry's error JSON, `CODE: message`.
+fn registry_error(response: ureq::Response) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Errors {
+        errors: Vec<Entry>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        code: Option<String>,
+        message: Option<String>,
+    }
+    let mut body = Vec::new();
+    response
+        .into_reader()
+        .take(MAX_ERROR_BODY_BYTES)
+        .read_to_end(&mut body)
+        .ok()?;
+    let first = serde_json::from_slice::<Errors>(&body)
+        .ok()?
+        .errors
+        .into_iter()
+        .next()?;
+    match (first.code, first.message) {
+        (Some(c), Some(m)) => Some(format!("{c}: {m}")),
+        (c, m) => c.or(m),
+    }
+}
+
+/// ureq's transport error with its causes.
+fn transport_message(t: &ureq::Transport) -> String {
+    use std::error::Error;
+    let mut msg = t.kind().to_string();
+    if let Some(m) = t.message() {
+        msg.push_str(": ");
+        msg.push_str(m);
+    }
+    let mut source = t.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn push_arguments() {
+        assert_eq!(
+            Command::parse(&args(&[
+                "push",
+                "oci://reg.io:5000/fleet/agent:2.0",
+                "./fleet-agent",
+                "--ca-file",
+                "/ca.pem"
+            ]))
+            .expect("valid"),
+            Command::Push {
+                reference: OciReference::parse("oci://reg.io:5000/fleet/agent:2.0").expect("ref"),
+                binary: PathBuf::from("./fleet-agent"),
+                ca_file: Some(PathBuf::from("/ca.pem")),
+            }
+        );
+        let refused = |a: &[&str]| match Command::parse(&args(a)) {
+            Err(ArtifactError::Usage(why)) => why,
+            other => panic!("{a:?}: {other:?}"),
+        };
+        assert_eq!(
+            refused(&["pull"]),
+            "unknown subcommand \"pull\"; the subcommand is push"
+        );
+        assert_eq!(
+            refused(&["push", "oci://reg.io/a:1"]),
+            "push takes <oci-reference> <binary>, got 1 arguments; see fleetctl artifact --help"
+        );
+        assert_eq!(
+            refused(&["push", "oci://reg.io/a:1", "b", "--ca-file"]),
+            "--ca-file needs a path"
+        );
+        assert_eq!(
+            refused(&["push", "oci://reg.io/a:1", "b", "--insecure"]),
+            "unknown option \"--insecure\""
+        );
+        assert!(refused(&["push", "https://reg.io/a", "b"])
+            .contains("an oci:// reference is required here"));
+        assert!(refused(&["push", "oci://reg.io/a", "b"])
+            .contains("the reference has neither a :tag nor an @sha256: digest"));
+        let d = "a".repeat(64);
+        assert!(
+            refused(&["push", &format!("oci://reg.io/a@sha256:{d}"), "b"])
+                .contains("push to a tag")
+        );
+        assert!(matches!(
+            Command::parse(&args(&[])),
+            Err(ArtifactError::Help)
+        ));
+    }
+
+    #[test]
+    fn binaries_no_updater_would_install_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, b"").expect("write");
+        assert_eq!(
+            hash_binary(&empty).map_err(|e| e.to_string()),
+            Err(format!(
+                "reading the binary {}: the file is empty",
+                empty.display()
+            ))
+        );
+        assert_eq!(
+            hash_binary(dir.path()).map_err(|e| e.to_string()),
+            Err(format!(
+                "reading the binary {}: not a regular file",
+                dir.path().display()
+            ))
+        );
+        let big = dir.path().join("big");
+        let f = File::create(&big).expect("create");
+        f.set_len(MAX_ARTIFACT_BYTES + 1).expect("sparse");
+        assert!(matches!(
+            hash_binary(&big),
+            Err(ArtifactError::BinaryTooLarge { size, .. }) if size == MAX_ARTIFACT_BYTES + 1
+        ));
+        let ok = dir.path().join("ok");
+        std::fs::write(&ok, b"agent").expect("write");
+        assert_eq!(
+            hash_binary(&ok).expect("hash"),
+            (Sha256Hex::of(b"agent"), 5)
+        );
+    }
+}
