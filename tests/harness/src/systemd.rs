@@ -91,6 +91,8 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(90);
 /// Output kept from one command.
 const MAX_OUTPUT: usize = 16 * 1024 * 1024;
+/// Where [`SystemdContainer::trust_artifact_ca`] puts the CA.
+const ARTIFACT_CA: &str = "/etc/harmony-fleet/artifact-ca.pem";
 /// Lines of a unit's journal shown in a panic message.
 const JOURNAL_LINES_IN_PANIC: &str = "200";
 
@@ -631,6 +633,19 @@ impl SystemdContainer {
             0o644,
         );
         self.exec_ok(&["update-ca-certificates"]);
+    }
+
+    /// Makes the installed updater trust `ca_pem` for artifact HTTPS (and
+    /// OCI registries over TLS): `/etc/harmony-fleet/artifact-ca.pem` and
+    /// `updater.json` naming it, then a restart of the updater when it runs.
+    pub fn trust_artifact_ca(&self, ca_pem: &str) {
+        self.write_file(ARTIFACT_CA, ca_pem.as_bytes(), 0o644);
+        self.write_file(
+            "/etc/harmony-fleet/updater.json",
+            format!("{{\"ca-file\": \"{ARTIFACT_CA}\"}}\n").as_bytes(),
+            0o644,
+        );
+        self.exec_ok(&["systemctl", "try-restart", "fleet-updater.service"]);
     }
 
     /// Imports the harness's busybox image into `user`'s rootless Podman

@@ -450,3 +450,32 @@ fn after_a_power_loss_the_device_comes_back() {
     assert_eq!(stat(&c, "/run/harmony-fleet"), "1771 root fleet-agent");
     assert_eq!(readlink(&c), versioned(&v));
 }
+
+#[test]
+fn the_installed_updater_reads_the_artifact_ca_the_harness_gives_it() {
+    let (c, _) = installed();
+    c.wait_active("fleet-updater.service", UNIT_TIMEOUT);
+    let before = invocation(&c, "fleet-updater.service");
+    let ca = fleet_harness::TestCa::new();
+    c.trust_artifact_ca(&ca.ca_pem());
+    c.wait_active("fleet-updater.service", UNIT_TIMEOUT);
+    assert_ne!(
+        invocation(&c, "fleet-updater.service"),
+        before,
+        "not restarted"
+    );
+
+    // It really reads the file: a broken one stops it from starting.
+    c.write_file(
+        "/etc/harmony-fleet/artifact-ca.pem",
+        b"not a certificate\n",
+        0o644,
+    );
+    let restart = c.exec(&["systemctl", "restart", "fleet-updater.service"]);
+    assert!(!restart.success(), "{restart:?}");
+    let journal = c.journal("fleet-updater.service");
+    assert!(
+        journal.contains("ca-file /etc/harmony-fleet/artifact-ca.pem"),
+        "{journal}"
+    );
+}
