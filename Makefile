@@ -52,6 +52,10 @@ build:
 test: deps lint build packages-for-test
 	$(CARGO) test --workspace --no-fail-fast --features fleet-updater/fault-injection
 
+## demo: one demo device against a local nats-server (Ctrl-C stops and cleans up).
+demo: deps build
+	@bash scripts/demo.sh
+
 ## release: release binaries of the agent, updater and fleetctl for ARCH.
 release:
 	$(CARGO) build --release --target $(TRIPLE) -p fleet-agent -p fleet-updater -p fleetctl

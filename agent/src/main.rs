@@ -1,7 +1,30 @@
 //! `fleet-agent`: reconciles Podman workloads from NATS JetStream KV,
 //! reports status, forwards upgrade intents, honours change freeze.
+//!
+//! `main` parses the arguments, calls one mode (`run` or `--self-test`)
+//! and maps its outcome to an exit code.
 
+mod config;
+mod daemon;
+mod desired;
+mod gate;
+mod lock;
+mod nats;
+mod notify;
+mod podman;
+mod probe;
+mod reconciler;
+mod shutdown;
+mod status;
+mod sysinfo;
+mod threads;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use fleet_common::layout::Layout;
+use fleet_common::signals::TerminationSignals;
+use fleet_common::validate::Version;
 
 /// The compiled agent version; `FLEET_AGENT_VERSION` at build time overrides
 /// the package version (release builds and the two-version upgrade tests).
@@ -10,30 +33,181 @@ pub const VERSION: &str = match option_env!("FLEET_AGENT_VERSION") {
     None => env!("CARGO_PKG_VERSION"),
 };
 
-const HELP: &str = "fleet-agent: reconciles Podman workloads from NATS JetStream KV
+fn help() -> String {
+    format!(
+        "fleet-agent {VERSION}: reconciles Podman workloads from NATS JetStream KV
 
 Usage:
-  fleet-agent run [--config PATH]     run the agent (under systemd)
-  fleet-agent --self-test [--config PATH]
-                                      probe mode: check config, Podman, NATS and
-                                      the updater socket; change nothing
+  fleet-agent run [--config PATH]          run the agent (under systemd)
+  fleet-agent --self-test [--config PATH]  probe mode: check config, Podman, NATS,
+                                           buckets, keys, the updater socket and a
+                                           complete snapshot; change nothing; print
+                                           one JSON report (with the version) on stdout
   fleet-agent --help | --version
-";
+
+PATH defaults to {config}.
+
+Config keys (JSON, unknown keys refused): device-id, nats.servers,
+nats.auth.method (none | user-password: user, password-file | token:
+token-file | creds: creds-file | tls-certificate), nats.tls (ca-file,
+client-cert-file, client-key-file), and optionally:
+{defaults}
+
+Exit codes:
+   0  success (run: stopped on SIGTERM/SIGINT after draining)
+   1  internal error
+   2  usage error
+  10  config            invalid or unreadable configuration
+  11  podman            Podman not reachable
+  12  nats-auth         NATS connection or credentials
+  13  buckets           (probe) no device-scoped consumer on fleet-control
+  14  device-keys       (probe) the device's fleet-control keys not read
+  15  desired-consumer  (probe) the filtered fleet-desired consumer not created
+  16  updater-socket    (probe) the updater socket does not accept connections
+  17  snapshot          no complete desired-state snapshot
+  20  lock              another fleet-agent holds the lock (or the run or state
+                        directory is unusable)
+  21  device-info       (run) device info not acknowledged by JetStream
+",
+        config = Layout::production().agent_config().display(),
+        defaults = config::DEFAULTS,
+    )
+}
+
+/// The parsed command line.
+#[derive(Debug, PartialEq, Eq)]
+enum Command {
+    Run { config: PathBuf },
+    SelfTest { config: PathBuf },
+    Help,
+    Version,
+}
+
+fn parse_args(args: &[String]) -> Result<Command, String> {
+    let mut mode: Option<&str> = None;
+    let mut config: Option<PathBuf> = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--help" | "-h" => return Ok(Command::Help),
+            "--version" | "-V" => return Ok(Command::Version),
+            "run" | "--self-test" if mode.is_none() => mode = Some(a),
+            "--config" if config.is_none() => match it.next() {
+                Some(p) => config = Some(PathBuf::from(p)),
+                None => return Err("--config needs a path".into()),
+            },
+            other => return Err(format!("unexpected argument {other:?}")),
+        }
+    }
+    let config = config.unwrap_or_else(|| Layout::production().agent_config());
+    match mode {
+        Some("run") => Ok(Command::Run { config }),
+        Some(_) => Ok(Command::SelfTest { config }),
+        None => Err("say `run` or `--self-test`".into()),
+    }
+}
 
 fn main() -> ExitCode {
+    // Before any thread exists, so every thread inherits the mask and only
+    // the signal thread ever takes SIGTERM.
+    let signals = match TerminationSignals::block() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fleet-agent: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("--version") | Some("-V") => {
+    let command = match parse_args(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fleet-agent: {e}; see fleet-agent --help");
+            return ExitCode::from(2);
+        }
+    };
+    match command {
+        Command::Help => {
+            print!("{}", help());
+            ExitCode::SUCCESS
+        }
+        Command::Version => {
             println!("fleet-agent {VERSION}");
             ExitCode::SUCCESS
         }
-        Some("--help") | Some("-h") | None => {
-            print!("{HELP}");
-            ExitCode::SUCCESS
+        Command::SelfTest { config } => {
+            fleet_common::logging::init("fleet-agent");
+            let version = match Version::parse(VERSION) {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("fleet-agent: the compiled version is invalid: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            let outcome = probe::run(&config, version);
+            match serde_json::to_string(&outcome.report) {
+                Ok(line) => println!("{line}"),
+                Err(e) => {
+                    eprintln!("fleet-agent: encoding the report: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+            ExitCode::from(outcome.exit_code)
         }
-        Some(other) => {
-            eprintln!("fleet-agent: unknown command {other:?}; see fleet-agent --help");
-            ExitCode::from(2)
+        Command::Run { config } => {
+            fleet_common::logging::init("fleet-agent");
+            match daemon::run(&config, signals, VERSION) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    log::error!("{e}");
+                    ExitCode::from(e.exit_code())
+                }
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn arguments() {
+        let default = Layout::production().agent_config();
+        assert_eq!(
+            parse_args(&args(&["run"])),
+            Ok(Command::Run {
+                config: default.clone()
+            })
+        );
+        assert_eq!(
+            parse_args(&args(&["--self-test", "--config", "/x.json"])),
+            Ok(Command::SelfTest {
+                config: "/x.json".into()
+            })
+        );
+        assert_eq!(
+            parse_args(&args(&["--config", "/x.json", "run"])),
+            Ok(Command::Run {
+                config: "/x.json".into()
+            })
+        );
+        assert_eq!(parse_args(&args(&["run", "--help"])), Ok(Command::Help));
+        assert_eq!(
+            parse_args(&args(&[])),
+            Err("say `run` or `--self-test`".into())
+        );
+        assert_eq!(
+            parse_args(&args(&["run", "run"])),
+            Err("unexpected argument \"run\"".into())
+        );
+        assert_eq!(
+            parse_args(&args(&["--config"])),
+            Err("--config needs a path".into())
+        );
+        assert!(help().contains("17  snapshot"));
     }
 }

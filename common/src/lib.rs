@@ -12,6 +12,7 @@ pub mod logging;
 pub mod nats_config;
 pub mod nkey;
 pub mod process;
+pub mod signals;
 pub mod socket;
 pub mod subjects;
 pub mod time;

@@ -442,6 +442,18 @@ fn workloads_report_golden() {
     check("workloads-report", &report);
 }
 
+#[test]
+fn applied_specs_golden() {
+    let applied = AppliedSpecs {
+        format: AppliedSpecs::FORMAT,
+        workloads: BTreeMap::from([(WorkloadName::parse("telemetry").expect("name"), spec())]),
+        written_at: t(0),
+    };
+    check("applied-specs", &applied);
+    let bad = r#"{"format":1,"workloads":{},"written-at":"2026-11-29T13:44:31.000Z","extra":true}"#;
+    assert!(serde_json::from_str::<AppliedSpecs>(bad).is_err());
+}
+
 fn frozen_report() -> ConfigStateReport {
     ConfigStateReport {
         state: ConfigState::Changefreeze(Freeze {
@@ -478,8 +490,24 @@ fn device_info_heartbeat_and_freeze_golden() {
         uptime_secs: 30,
         agent_version: Version::parse("1.4.0").expect("version"),
         config_state: frozen_report(),
+        stopping: None,
     };
     check("heartbeat", &hb);
+    let last = Heartbeat {
+        at: t(31_000),
+        uptime_secs: 31,
+        agent_version: Version::parse("1.4.0").expect("version"),
+        config_state: ConfigStateReport {
+            state: ConfigState::Configured,
+            waiting_changes: 0,
+            intent_waiting: false,
+        },
+        stopping: Some(Stopping {
+            at: t(31_000),
+            drain_duration_ms: 2_150,
+        }),
+    };
+    check("heartbeat-stopping", &last);
     let file = FreezeFile {
         format: FreezeFile::FORMAT,
         config_state: frozen_report().state,

@@ -1,5 +1,6 @@
 //! `fleetctl`: the operator's CLI for a Harmony fleet.
 
+mod admin;
 mod artifact;
 mod nats_config;
 
@@ -10,6 +11,9 @@ const HELP: &str = "fleetctl: operate a Harmony fleet
 Usage:
   fleetctl nats-config ...   write the nats-server config (see fleetctl nats-config --help)
   fleetctl artifact push ... publish an agent release (see fleetctl artifact --help)
+  fleetctl buckets create    create the KV buckets           (see fleetctl buckets --help)
+  fleetctl workload apply|delete ...  a device's desired workloads
+  fleetctl device status DEVICE       a device's status read back from NATS
   fleetctl --help | --version
 ";
 
@@ -26,6 +30,7 @@ fn main() -> ExitCode {
         }
         Some("nats-config") => nats_config::main(&args[1..]),
         Some("artifact") => artifact::main(&args[1..]),
+        Some("buckets") | Some("workload") | Some("device") => admin::main(&args),
         Some(other) => {
             eprintln!("fleetctl: unknown command {other:?}; see fleetctl --help");
             ExitCode::from(2)

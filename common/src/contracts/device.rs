@@ -93,4 +93,17 @@ pub struct Heartbeat {
     pub uptime_secs: u64,
     pub agent_version: Version,
     pub config_state: ConfigStateReport,
+    /// Set on the last heartbeat of a run: the agent received SIGTERM,
+    /// drained and is exiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping: Option<Stopping>,
+}
+
+/// How an agent run ended: when it stopped and how long draining the
+/// in-flight mutation took (seed 002, "Stop, switch, start").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Stopping {
+    pub at: Timestamp,
+    pub drain_duration_ms: u64,
 }

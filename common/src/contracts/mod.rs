@@ -13,7 +13,9 @@ mod workload;
 
 pub use attempt::AgentUpgradeAttempt;
 pub use bounded::{Bounded, Transitions};
-pub use device::{ConfigState, ConfigStateReport, DeviceInfo, Freeze, FreezeFile, Heartbeat};
+pub use device::{
+    ConfigState, ConfigStateReport, DeviceInfo, Freeze, FreezeFile, Heartbeat, Stopping,
+};
 pub use journal::{
     FinishedAttempt, Journal, JournalError, JournalPhase, JournalTransition, Transaction,
     JOURNAL_FORMAT,
@@ -29,6 +31,6 @@ pub use oci::{
 pub use selftest::{SelfTestCheck, SelfTestReport};
 pub use status::{StatusTransition, UpgradePhase, UpgradeReason, UpgradeStatus};
 pub use workload::{
-    ImageRef, PortMapping, Protocol, PullPolicy, RestartPolicy, SpecError, SpecParseError,
-    VolumeMount, WorkloadSpec, WorkloadState, WorkloadStatus, WorkloadsReport,
+    AppliedSpecs, ImageRef, PortMapping, Protocol, PullPolicy, RestartPolicy, SpecError,
+    SpecParseError, VolumeMount, WorkloadSpec, WorkloadState, WorkloadStatus, WorkloadsReport,
 };

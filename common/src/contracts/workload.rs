@@ -342,3 +342,19 @@ impl WorkloadsReport {
         (running, self.workloads.len())
     }
 }
+
+/// The agent's record of the specs it last applied (`applied.json` in its
+/// state directory), written after every successful mutation. It survives
+/// restarts and rollbacks, so every agent version must keep reading it; a
+/// change freeze restores missing containers from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct AppliedSpecs {
+    pub format: u32,
+    pub workloads: BTreeMap<WorkloadName, WorkloadSpec>,
+    pub written_at: Timestamp,
+}
+
+impl AppliedSpecs {
+    pub const FORMAT: u32 = 1;
+}

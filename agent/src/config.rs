@@ -1,0 +1,931 @@
+//! The agent's configuration: one JSON file (default
+//! `/etc/harmony-fleet/agent.json`), parsed once at start into validated
+//! types. Unknown keys are refused at every level, and every error names the
+//! key by its path (`nats.auth.password-file`) and says what to write
+//! instead. Secrets are read from files named in the config, never written
+//! inline, and never logged.
+//!
+//! ```json
+//! {
+//!   "device-id": "dev1",
+//!   "nats": {
+//!     "servers": ["tls://nats1.example.com:4222", "tls://nats2.example.com:4222"],
+//!     "auth": {"method": "user-password", "user": "dev1",
+//!              "password-file": "/etc/harmony-fleet/nats-password"},
+//!     "tls": {"ca-file": "/etc/harmony-fleet/nats-ca.pem"}
+//!   },
+//!   "podman": {"enabled": true, "binary": "podman"},
+//!   "intervals": {"heartbeat-secs": 30, "resync-secs": 30, "idle-heartbeat-secs": 5},
+//!   "root": "/"
+//! }
+//! ```
+//!
+//! `nats.auth.method` is one of `none`, `user-password` (`user`,
+//! `password-file`), `token` (`token-file`), `creds` (`creds-file`) or
+//! `tls-certificate` (needs `nats.tls.client-cert-file` and
+//! `client-key-file`). See [`DEFAULTS`] for every optional key.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fleet_common::durable::{self, DurableError};
+use fleet_common::limits::HEARTBEAT_INTERVAL;
+use fleet_common::validate::DeviceId;
+use fleet_common::Layout;
+use serde_json::{Map, Value};
+
+/// The largest config file read.
+const MAX_CONFIG_BYTES: u64 = 64 * 1024;
+/// The largest secret (password, token) file read.
+const MAX_SECRET_BYTES: u64 = 16 * 1024;
+/// NATS servers one config may list (a cluster and its gateways).
+const MAX_SERVERS: usize = 16;
+/// Extra arguments to podman (storage options).
+const MAX_PODMAN_ARGS: usize = 32;
+
+/// Optional keys and their defaults, for `--help` and the README.
+pub const DEFAULTS: &str = "\
+  nats.tls                    absent (plain nats:// unless a server URL is tls://);
+                              present: TLS required; ca-file, when given, is the only
+                              CA trusted (else the system roots)
+  podman.enabled              true
+  podman.binary               \"podman\"
+  podman.global-args          []  (e.g. [\"--root\", \"/var/lib/containers/storage\"])
+  podman.containers-conf      absent (CONTAINERS_CONF for every podman call)
+  podman.pull-timeout-secs    300
+  podman.command-timeout-secs 60
+  intervals.heartbeat-secs    30
+  intervals.resync-secs       30  (live containers re-read)
+  intervals.idle-heartbeat-secs 5 (JetStream consumer heartbeat; 3 missed = resubscribe)
+  root                        \"/\" (prefix of every managed path)";
+
+/// A secret read from a file. Its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// How the agent authenticates to NATS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NatsAuth {
+    None,
+    UserPassword {
+        user: String,
+        password: Secret,
+    },
+    Token(Secret),
+    /// A `.creds` file (JWT and nkey seed), read by the NATS client.
+    Creds(PathBuf),
+    /// The TLS client certificate in `nats.tls` is the identity.
+    TlsCertificate,
+}
+
+impl NatsAuth {
+    pub fn method(&self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::UserPassword { .. } => "user-password",
+            Self::Token(_) => "token",
+            Self::Creds(_) => "creds",
+            Self::TlsCertificate => "tls-certificate",
+        }
+    }
+}
+
+/// A client certificate and its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+/// `nats.tls`: present means TLS is required on every server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    /// The CA the servers' certificates must chain to; when set, it is the
+    /// only one trusted (absent: the system's roots).
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<ClientCert>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsConfig {
+    /// `nats://host:port` or `tls://host:port`, tried in random order.
+    pub servers: Vec<String>,
+    pub auth: NatsAuth,
+    pub tls: Option<Tls>,
+}
+
+/// How podman is run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodmanSettings {
+    pub binary: PathBuf,
+    pub global_args: Vec<String>,
+    pub containers_conf: Option<PathBuf>,
+    pub pull_timeout: Duration,
+    pub command_timeout: Duration,
+}
+
+/// Whether this device runs workloads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodmanMode {
+    Enabled(PodmanSettings),
+    /// The agent reports and forwards upgrades but runs no containers.
+    Disabled,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Intervals {
+    pub heartbeat: Duration,
+    pub resync: Duration,
+    pub idle_heartbeat: Duration,
+}
+
+/// The whole validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub device_id: DeviceId,
+    pub nats: NatsConfig,
+    pub podman: PodmanMode,
+    pub intervals: Intervals,
+    pub root: PathBuf,
+}
+
+impl Config {
+    pub fn layout(&self) -> Layout {
+        Layout::with_root(&self.root)
+    }
+
+    /// Reads and validates the config file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let bytes =
+            durable::read_bounded(path, MAX_CONFIG_BYTES).map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+        Self::parse(path, &bytes)
+    }
+
+    /// Validates config bytes; `path` is only named in errors and used to
+    /// resolve nothing (every path in the file must be absolute).
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|source| ConfigError::Json {
+            path: path.to_owned(),
+            source,
+        })?;
+        parse_root(value).map_err(|e| ConfigError::Key {
+            path: path.to_owned(),
+            key: e.key,
+            problem: e.problem,
+        })
+    }
+}
+
+/// A config that cannot be used.
+#[derive(Debug)]
+pub enum ConfigError {
+    Read {
+        path: PathBuf,
+        source: DurableError,
+    },
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    Key {
+        path: PathBuf,
+        key: String,
+        problem: String,
+    },
+}
+
+impl ConfigError {
+    /// The dotted key the error is about, when it is about one.
+    #[cfg(test)]
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Key { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Read { path, source } => write!(
+                f,
+                "reading config {}: {source}; pass another file with --config",
+                path.display()
+            ),
+            Self::Json { path, source } => {
+                write!(f, "config {} is not valid JSON: {source}", path.display())
+            }
+            Self::Key { path, key, problem } => {
+                write!(f, "config {}: {key}: {problem}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A problem with one key, before the file path is attached.
+#[derive(Debug)]
+struct KeyError {
+    key: String,
+    problem: String,
+}
+
+/// One JSON object of the config, consumed key by key; [`Obj::finish`]
+/// refuses whatever is left.
+struct Obj {
+    prefix: String,
+    map: Map<String, Value>,
+    known: Vec<&'static str>,
+}
+
+impl Obj {
+    fn new(prefix: &str, value: Value) -> Result<Obj, KeyError> {
+        match value {
+            Value::Object(map) => Ok(Obj {
+                prefix: prefix.to_owned(),
+                map,
+                known: Vec::new(),
+            }),
+            other => Err(KeyError {
+                key: if prefix.is_empty() {
+                    "(top level)".to_owned()
+                } else {
+                    prefix.to_owned()
+                },
+                problem: format!("expected an object {{...}}, found {}", kind(&other)),
+            }),
+        }
+    }
+
+    fn path(&self, key: &str) -> String {
+        if self.prefix.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{}.{key}", self.prefix)
+        }
+    }
+
+    fn err(&self, key: &str, problem: impl Into<String>) -> KeyError {
+        KeyError {
+            key: self.path(key),
+            problem: problem.into(),
+        }
+    }
+
+    fn take(&mut self, key: &'static str) -> Option<Value> {
+        self.known.push(key);
+        self.map.remove(key)
+    }
+
+    fn required(&mut self, key: &'static str) -> Result<Value, KeyError> {
+        self.take(key)
+            .ok_or_else(|| self.err(key, "missing: this key is required"))
+    }
+
+    fn string(&mut self, key: &'static str, v: Value) -> Result<String, KeyError> {
+        match v {
+            Value::String(s) if !s.is_empty() => Ok(s),
+            Value::String(_) => Err(self.err(key, "must not be empty")),
+            other => Err(self.err(key, format!("expected a string, found {}", kind(&other)))),
+        }
+    }
+
+    fn req_string(&mut self, key: &'static str) -> Result<String, KeyError> {
+        let v = self.required(key)?;
+        self.string(key, v)
+    }
+
+    fn opt_string(&mut self, key: &'static str) -> Result<Option<String>, KeyError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => self.string(key, v).map(Some),
+        }
+    }
+
+    fn abs_path(&mut self, key: &'static str, v: String) -> Result<PathBuf, KeyError> {
+        if v.starts_with('/') && !v.contains('\0') {
+            Ok(PathBuf::from(v))
+        } else {
+            Err(self.err(
+                key,
+                format!("{v:?} is not an absolute path: write it starting with '/'"),
+            ))
+        }
+    }
+
+    fn req_path(&mut self, key: &'static str) -> Result<PathBuf, KeyError> {
+        let v = self.req_string(key)?;
+        self.abs_path(key, v)
+    }
+
+    fn opt_path(&mut self, key: &'static str) -> Result<Option<PathBuf>, KeyError> {
+        match self.opt_string(key)? {
+            None => Ok(None),
+            Some(v) => self.abs_path(key, v).map(Some),
+        }
+    }
+
+    fn opt_bool(&mut self, key: &'static str, default: bool) -> Result<bool, KeyError> {
+        match self.take(key) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(b),
+            Some(other) => Err(self.err(
+                key,
+                format!("expected true or false, found {}", kind(&other)),
+            )),
+        }
+    }
+
+    /// Whole seconds within `min..=max`.
+    fn secs(
+        &mut self,
+        key: &'static str,
+        default: u64,
+        min: u64,
+        max: u64,
+    ) -> Result<Duration, KeyError> {
+        let n = match self.take(key) {
+            None => default,
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(n) => n,
+                None => {
+                    return Err(self.err(key, format!("expected whole seconds, found {n}")));
+                }
+            },
+            Some(other) => {
+                return Err(self.err(
+                    key,
+                    format!("expected a number of seconds, found {}", kind(&other)),
+                ));
+            }
+        };
+        if n < min || n > max {
+            return Err(self.err(
+                key,
+                format!("{n} is out of range: use {min} to {max} seconds"),
+            ));
+        }
+        Ok(Duration::from_secs(n))
+    }
+
+    fn strings(
+        &mut self,
+        key: &'static str,
+        v: Value,
+        max: usize,
+    ) -> Result<Vec<String>, KeyError> {
+        let Value::Array(items) = v else {
+            return Err(self.err(
+                key,
+                format!("expected a list of strings, found {}", kind(&v)),
+            ));
+        };
+        if items.len() > max {
+            return Err(self.err(key, format!("{} entries: at most {max}", items.len())));
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            match item {
+                Value::String(s) if !s.is_empty() && !s.contains('\0') && s.len() <= 4096 => {
+                    out.push(s)
+                }
+                other => {
+                    return Err(self.err(
+                        key,
+                        format!(
+                            "entry {i} must be a non-empty string of at most 4096 bytes, found {}",
+                            kind(&other)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn object(&mut self, key: &'static str, v: Value) -> Result<Obj, KeyError> {
+        Obj::new(&self.path(key), v)
+    }
+
+    /// Refuses keys nobody took.
+    fn finish(self) -> Result<(), KeyError> {
+        let mut unknown: Vec<&String> = self.map.keys().collect();
+        unknown.sort();
+        match unknown.first() {
+            None => Ok(()),
+            Some(k) => Err(KeyError {
+                key: self.path(k),
+                problem: format!(
+                    "unknown key: the keys allowed here are {}",
+                    self.known.join(", ")
+                ),
+            }),
+        }
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn parse_root(value: Value) -> Result<Config, KeyError> {
+    let mut top = Obj::new("", value)?;
+    let device = top.req_string("device-id")?;
+    let device_id = DeviceId::parse(&device).map_err(|e| top.err("device-id", e.to_string()))?;
+    let nats_v = top.required("nats")?;
+    let nats = parse_nats(top.object("nats", nats_v)?)?;
+    let podman = match top.take("podman") {
+        None => parse_podman(Obj::new("podman", Value::Object(Map::new()))?)?,
+        Some(v) => parse_podman(top.object("podman", v)?)?,
+    };
+    let intervals = match top.take("intervals") {
+        None => parse_intervals(Obj::new("intervals", Value::Object(Map::new()))?)?,
+        Some(v) => parse_intervals(top.object("intervals", v)?)?,
+    };
+    let root = top.opt_path("root")?.unwrap_or_else(|| PathBuf::from("/"));
+    top.finish()?;
+    Ok(Config {
+        device_id,
+        nats,
+        podman,
+        intervals,
+        root,
+    })
+}
+
+fn parse_nats(mut o: Obj) -> Result<NatsConfig, KeyError> {
+    let servers_v = o.required("servers")?;
+    let servers = o.strings("servers", servers_v, MAX_SERVERS)?;
+    if servers.is_empty() {
+        return Err(o.err(
+            "servers",
+            "list at least one server, e.g. \"nats://10.0.0.1:4222\"",
+        ));
+    }
+    for s in &servers {
+        let rest = s
+            .strip_prefix("nats://")
+            .or_else(|| s.strip_prefix("tls://"));
+        let ok = rest.is_some_and(|r| {
+            !r.is_empty()
+                && !r.contains('@')
+                && r.bytes().all(|b| {
+                    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']')
+                })
+        });
+        if !ok {
+            return Err(o.err(
+                "servers",
+                format!(
+                    "{:?} is not a server URL: use nats://host:port or tls://host:port, without credentials",
+                    s.chars().take(80).collect::<String>()
+                ),
+            ));
+        }
+    }
+    let tls = match o.take("tls") {
+        None => None,
+        Some(v) => Some(parse_tls(o.object("tls", v)?)?),
+    };
+    let auth_v = o.required("auth")?;
+    let auth = parse_auth(o.object("auth", auth_v)?, tls.as_ref())?;
+    o.finish()?;
+    Ok(NatsConfig { servers, auth, tls })
+}
+
+fn parse_tls(mut o: Obj) -> Result<Tls, KeyError> {
+    let ca_file = o.opt_path("ca-file")?;
+    let cert = o.opt_path("client-cert-file")?;
+    let key = o.opt_path("client-key-file")?;
+    let client_cert = match (cert, key) {
+        (None, None) => None,
+        (Some(cert_file), Some(key_file)) => Some(ClientCert {
+            cert_file,
+            key_file,
+        }),
+        (Some(_), None) => {
+            return Err(o.err(
+                "client-key-file",
+                "missing: a client certificate needs its key",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(o.err(
+                "client-cert-file",
+                "missing: a client key needs its certificate",
+            ))
+        }
+    };
+    for (k, p) in [
+        ("ca-file", ca_file.as_deref()),
+        (
+            "client-cert-file",
+            client_cert.as_ref().map(|c| c.cert_file.as_path()),
+        ),
+        (
+            "client-key-file",
+            client_cert.as_ref().map(|c| c.key_file.as_path()),
+        ),
+    ] {
+        if let Some(p) = p {
+            readable(&o, k, p)?;
+        }
+    }
+    o.finish()?;
+    Ok(Tls {
+        ca_file,
+        client_cert,
+    })
+}
+
+/// Checks a file named by the config can be opened now, so the error names
+/// the key rather than surfacing later from the NATS client.
+fn readable(o: &Obj, key: &str, path: &Path) -> Result<(), KeyError> {
+    std::fs::File::open(path).map(drop).map_err(|e| {
+        o.err(
+            key,
+            format!(
+                "cannot read {}: {e}; check the path and that the agent's user may read it",
+                path.display()
+            ),
+        )
+    })
+}
+
+fn read_secret(o: &Obj, key: &str, path: &Path) -> Result<Secret, KeyError> {
+    let bytes = durable::read_bounded(path, MAX_SECRET_BYTES).map_err(|e| {
+        o.err(
+            key,
+            format!("{e}; check the path and that the agent's user may read it"),
+        )
+    })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| o.err(key, format!("{} is not UTF-8 text", path.display())))?;
+    let secret = text.trim_end_matches(['\n', '\r']);
+    if secret.is_empty() || secret.contains(['\n', '\r', '\0']) {
+        return Err(o.err(
+            key,
+            format!(
+                "{} must hold the secret on one line, nothing else",
+                path.display()
+            ),
+        ));
+    }
+    Ok(Secret(secret.to_owned()))
+}
+
+fn parse_auth(mut o: Obj, tls: Option<&Tls>) -> Result<NatsAuth, KeyError> {
+    let method = o.req_string("method")?;
+    let auth = match method.as_str() {
+        "none" => NatsAuth::None,
+        "user-password" => {
+            let user = o.req_string("user")?;
+            if user.contains(char::is_whitespace) || user.len() > 256 {
+                return Err(o.err("user", "use a NATS user name without whitespace"));
+            }
+            let file = o.req_path("password-file")?;
+            let password = read_secret(&o, "password-file", &file)?;
+            NatsAuth::UserPassword { user, password }
+        }
+        "token" => {
+            let file = o.req_path("token-file")?;
+            NatsAuth::Token(read_secret(&o, "token-file", &file)?)
+        }
+        "creds" => {
+            let file = o.req_path("creds-file")?;
+            readable(&o, "creds-file", &file)?;
+            NatsAuth::Creds(file)
+        }
+        "tls-certificate" => {
+            if tls.and_then(|t| t.client_cert.as_ref()).is_none() {
+                return Err(o.err(
+                    "method",
+                    "tls-certificate needs nats.tls.client-cert-file and nats.tls.client-key-file",
+                ));
+            }
+            NatsAuth::TlsCertificate
+        }
+        other => {
+            return Err(o.err(
+                "method",
+                format!(
+                    "unknown method {:?}: use none, user-password, token, creds or tls-certificate",
+                    other.chars().take(40).collect::<String>()
+                ),
+            ))
+        }
+    };
+    o.finish()?;
+    Ok(auth)
+}
+
+fn parse_podman(mut o: Obj) -> Result<PodmanMode, KeyError> {
+    let enabled = o.opt_bool("enabled", true)?;
+    let binary = PathBuf::from(o.opt_string("binary")?.unwrap_or_else(|| "podman".into()));
+    let global_args = match o.take("global-args") {
+        None => Vec::new(),
+        Some(v) => o.strings("global-args", v, MAX_PODMAN_ARGS)?,
+    };
+    let containers_conf = o.opt_path("containers-conf")?;
+    let pull_timeout = o.secs("pull-timeout-secs", 300, 1, 3600)?;
+    let command_timeout = o.secs("command-timeout-secs", 60, 1, 600)?;
+    o.finish()?;
+    Ok(if enabled {
+        PodmanMode::Enabled(PodmanSettings {
+            binary,
+            global_args,
+            containers_conf,
+            pull_timeout,
+            command_timeout,
+        })
+    } else {
+        PodmanMode::Disabled
+    })
+}
+
+fn parse_intervals(mut o: Obj) -> Result<Intervals, KeyError> {
+    let heartbeat = o.secs("heartbeat-secs", HEARTBEAT_INTERVAL.as_secs(), 1, 3600)?;
+    let resync = o.secs("resync-secs", 30, 1, 3600)?;
+    let idle_heartbeat = o.secs("idle-heartbeat-secs", 5, 1, 60)?;
+    o.finish()?;
+    Ok(Intervals {
+        heartbeat,
+        resync,
+        idle_heartbeat,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/etc/harmony-fleet/agent.json"), json.as_bytes())
+    }
+
+    fn key_err(json: &str) -> (String, String) {
+        let e = parse(json).expect_err("must be refused");
+        (e.key().unwrap_or("").to_owned(), e.to_string())
+    }
+
+    const MINIMAL: &str = r#"{"device-id":"dev1","nats":{"servers":["nats://127.0.0.1:4222"],"auth":{"method":"none"}}}"#;
+
+    #[test]
+    fn minimal_config_takes_the_defaults() {
+        let c = parse(MINIMAL).expect("valid");
+        assert_eq!(c.device_id.as_str(), "dev1");
+        assert_eq!(c.nats.auth, NatsAuth::None);
+        assert_eq!(c.nats.tls, None);
+        assert_eq!(c.root, PathBuf::from("/"));
+        assert_eq!(
+            c.podman,
+            PodmanMode::Enabled(PodmanSettings {
+                binary: PathBuf::from("podman"),
+                global_args: vec![],
+                containers_conf: None,
+                pull_timeout: Duration::from_secs(300),
+                command_timeout: Duration::from_secs(60),
+            })
+        );
+        assert_eq!(
+            c.intervals,
+            Intervals {
+                heartbeat: Duration::from_secs(30),
+                resync: Duration::from_secs(30),
+                idle_heartbeat: Duration::from_secs(5),
+            }
+        );
+    }
+
+    #[test]
+    fn full_config_with_secrets_from_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "s3cret\n").expect("write");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "pem").expect("write");
+        let json = format!(
+            r#"{{"device-id":"truck-7","nats":{{"servers":["tls://a:4222","tls://b:4222"],
+            "auth":{{"method":"user-password","user":"truck-7","password-file":"{}"}},
+            "tls":{{"ca-file":"{}"}}}},
+            "podman":{{"enabled":false}},"intervals":{{"heartbeat-secs":5}},"root":"/tmp/x"}}"#,
+            pw.display(),
+            ca.display()
+        );
+        let c = parse(&json).expect("valid");
+        match &c.nats.auth {
+            NatsAuth::UserPassword { user, password } => {
+                assert_eq!(user, "truck-7");
+                assert_eq!(password.expose(), "s3cret");
+            }
+            other => panic!("wrong auth {other:?}"),
+        }
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "Debug leaks the secret"
+        );
+        assert_eq!(c.podman, PodmanMode::Disabled);
+        assert_eq!(c.intervals.heartbeat, Duration::from_secs(5));
+        assert_eq!(
+            c.layout().agent_lock(),
+            Path::new("/tmp/x/run/harmony-fleet/agent.lock")
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_at_every_level() {
+        let (k, m) = key_err(&MINIMAL.replace(r#""device-id""#, r#""colour":1,"device-id""#));
+        assert_eq!(k, "colour");
+        assert!(m.contains("unknown key"), "{m}");
+        let (k, _) = key_err(&MINIMAL.replace(r#""servers""#, r#""server":1,"servers""#));
+        assert_eq!(k, "nats.server");
+        let (k, m) =
+            key_err(&MINIMAL.replace(r#""method":"none""#, r#""method":"none","token-file":"/x""#));
+        assert_eq!(k, "nats.auth.token-file");
+        assert!(
+            m.ends_with("unknown key: the keys allowed here are method"),
+            "{m}"
+        );
+        let (k, _) = key_err(&MINIMAL.replace("}}}", r#"}},"podman":{"pull-timeout":3}}"#));
+        assert_eq!(k, "podman.pull-timeout");
+        let (k, _) = key_err(&MINIMAL.replace("}}}", r#"}},"intervals":{"beat":3}}"#));
+        assert_eq!(k, "intervals.beat");
+    }
+
+    #[test]
+    fn every_error_names_its_key() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                r#"{"nats":{}}"#,
+                "device-id",
+                "missing: this key is required",
+            ),
+            (
+                r#"{"device-id":"a.b","nats":{}}"#,
+                "device-id",
+                "invalid device id \"a.b\"",
+            ),
+            (r#"{"device-id":"d"}"#, "nats", "missing"),
+            (
+                r#"{"device-id":"d","nats":[]}"#,
+                "nats",
+                "expected an object {...}, found a list",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":[],"auth":{"method":"none"}}}"#,
+                "nats.servers",
+                "list at least one server",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["http://x"],"auth":{"method":"none"}}}"#,
+                "nats.servers",
+                "\"http://x\" is not a server URL",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://u:p@x"],"auth":{"method":"none"}}}"#,
+                "nats.servers",
+                "without credentials",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"]}}"#,
+                "nats.auth",
+                "missing",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"magic"}}}"#,
+                "nats.auth.method",
+                "unknown method \"magic\"",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"token"}}}"#,
+                "nats.auth.token-file",
+                "missing",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"token","token-file":"rel/path"}}}"#,
+                "nats.auth.token-file",
+                "\"rel/path\" is not an absolute path",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"token","token-file":"/nonexistent/t"}}}"#,
+                "nats.auth.token-file",
+                "opening /nonexistent/t",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"creds","creds-file":"/nonexistent/c"}}}"#,
+                "nats.auth.creds-file",
+                "cannot read /nonexistent/c",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"tls-certificate"}}}"#,
+                "nats.auth.method",
+                "tls-certificate needs nats.tls.client-cert-file",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"none"},"tls":{"client-cert-file":"/c"}}}"#,
+                "nats.tls.client-key-file",
+                "missing: a client certificate needs its key",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"none"},"tls":{"ca-file":"/nonexistent/ca"}}}"#,
+                "nats.tls.ca-file",
+                "cannot read /nonexistent/ca",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"none"}},"podman":{"enabled":"yes"}}"#,
+                "podman.enabled",
+                "expected true or false, found a string",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"none"}},"podman":{"pull-timeout-secs":0}}"#,
+                "podman.pull-timeout-secs",
+                "0 is out of range: use 1 to 3600 seconds",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"none"}},"podman":{"global-args":["--root",""]}}"#,
+                "podman.global-args",
+                "entry 1 must be a non-empty string",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"none"}},"intervals":{"resync-secs":1.5}}"#,
+                "intervals.resync-secs",
+                "expected whole seconds, found 1.5",
+            ),
+            (
+                r#"{"device-id":"d","nats":{"servers":["nats://x"],"auth":{"method":"none"}},"root":"tmp"}"#,
+                "root",
+                "\"tmp\" is not an absolute path",
+            ),
+        ];
+        for (json, key, problem) in cases {
+            let (k, m) = key_err(json);
+            assert_eq!(&k, key, "for {json}: {m}");
+            assert!(
+                m.starts_with(&format!("config /etc/harmony-fleet/agent.json: {key}: ")),
+                "{m}"
+            );
+            assert!(m.contains(problem), "for {json}: {m:?} lacks {problem:?}");
+        }
+    }
+
+    #[test]
+    fn secret_files_must_hold_one_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tok = dir.path().join("tok");
+        std::fs::write(&tok, "a\nb\n").expect("write");
+        let json = MINIMAL.replace(
+            r#""method":"none""#,
+            &format!(r#""method":"token","token-file":"{}""#, tok.display()),
+        );
+        let (k, m) = key_err(&json);
+        assert_eq!(k, "nats.auth.token-file");
+        assert!(m.contains("must hold the secret on one line"), "{m}");
+        std::fs::write(&tok, "tok123\n").expect("write");
+        let c = parse(&json).expect("valid");
+        assert_eq!(c.nats.auth, NatsAuth::Token(Secret("tok123".into())));
+    }
+
+    #[test]
+    fn bad_json_and_missing_file() {
+        let e = parse("{").expect_err("bad json");
+        assert!(e
+            .to_string()
+            .starts_with("config /etc/harmony-fleet/agent.json is not valid JSON"));
+        let e = Config::load(Path::new("/nonexistent/agent.json")).expect_err("missing");
+        assert!(
+            e.to_string().starts_with(
+                "reading config /nonexistent/agent.json: opening /nonexistent/agent.json"
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().ends_with("pass another file with --config"),
+            "{e}"
+        );
+    }
+}

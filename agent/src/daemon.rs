@@ -1,0 +1,364 @@
+//! Run mode, `fleet-agent run`: start up to readiness, run until SIGTERM,
+//! drain, exit.
+//!
+//! Startup, each step reported as a systemd `STATUS=` line; `READY=1` only
+//! when all are done:
+//! 1. read the config; take the one-mutator lock; make the state directory;
+//! 2. reach Podman (when enabled);
+//! 3. connect to NATS (15 s per attempt, over a 3-minute window);
+//! 4. publish device info, acknowledged;
+//! 5. start the status publisher (heartbeats), the reconciler and the
+//!    desired-state watcher, and wait for a complete desired snapshot.
+//!
+//! Steps 4 and 5 are retried until the window that started with the
+//! connection ends. A SIGTERM during startup ends the process cleanly.
+//!
+//! Drain on SIGTERM or SIGINT (seed 002, "Stop, switch, start"): close the
+//! mutation gate, wait for the mutation in flight, stop the threads,
+//! publish the acknowledged `stopping` heartbeat with the drain duration,
+//! flush NATS, send STOPPING=1, exit — within systemd's 60 s.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleet_common::limits::{NATS_CONNECT_WINDOW, SYSTEMD_STOP_TIMEOUT};
+use fleet_common::signals::{SignalError, TermSignal, TerminationSignals};
+use fleet_common::validate::{Arch, Version};
+use fleet_common::Timestamp;
+
+use crate::config::{Config, ConfigError, PodmanMode};
+use crate::desired;
+use crate::gate::{ClosedBy, MutationGate};
+use crate::lock::{AgentLock, LockError};
+use crate::nats::{self, NatsError, PublishError, Reconnect};
+use crate::notify;
+use crate::podman::{Podman, PodmanError};
+use crate::reconciler::{Reconciler, ReconcilerMsg};
+use crate::shutdown::Shutdown;
+use crate::status::{self, StatusMsg, StatusPublisher};
+use crate::sysinfo;
+
+/// Part of systemd's stop bound spent waiting for the mutation in flight.
+/// The rest covers, at worst: joining the reconciler (5 s) and the watcher
+/// (3 s), the stopping heartbeat's ack ([`STOPPING_ACK_TIMEOUT`]), the flush
+/// ([`FLUSH_TIMEOUT`]) and closing (1 s): 40 + 5 + 3 + 8 + 2 + 1 = 59 s.
+const DRAIN_BUDGET: Duration = Duration::from_secs(40);
+/// Bound on the acknowledged stopping heartbeat.
+const STOPPING_ACK_TIMEOUT: Duration = Duration::from_secs(8);
+/// Bound on the final flush.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+const _: () = assert!(
+    DRAIN_BUDGET.as_secs() + 5 + 3 + STOPPING_ACK_TIMEOUT.as_secs() + FLUSH_TIMEOUT.as_secs() + 1
+        < SYSTEMD_STOP_TIMEOUT.as_secs()
+);
+/// Delay between startup retries of the device-info write.
+const STARTUP_RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// Run mode failed; [`RunError::exit_code`] maps each to the exit status.
+#[derive(Debug)]
+pub enum RunError {
+    Signals(SignalError),
+    Config(ConfigError),
+    Lock(LockError),
+    StateDir {
+        path: PathBuf,
+        source: io::Error,
+    },
+    UnsupportedArch,
+    Version(String),
+    Podman(PodmanError),
+    Nats(NatsError),
+    DeviceInfo {
+        window: Duration,
+        last: PublishError,
+    },
+    Snapshot {
+        window: Duration,
+        last: Option<String>,
+    },
+    Thread {
+        name: &'static str,
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Signals(e) => write!(f, "{e}"),
+            Self::Config(e) => write!(f, "{e}"),
+            Self::Lock(e) => write!(f, "{e}"),
+            Self::StateDir { path, source } => write!(
+                f,
+                "creating the state directory {}: {source}; it is normally created by systemd-tmpfiles",
+                path.display()
+            ),
+            Self::UnsupportedArch => write!(f, "this binary was built for an architecture the fleet does not ship (x86_64, aarch64, armv7)"),
+            Self::Version(e) => write!(f, "the compiled version is invalid: {e}; rebuild with a valid FLEET_AGENT_VERSION"),
+            Self::Podman(e) => write!(f, "Podman is not reachable: {e}; set podman.enabled to false if this device runs no containers"),
+            Self::Nats(e) => write!(f, "{e}"),
+            Self::DeviceInfo { window, last } => write!(
+                f,
+                "device info not acknowledged within {} s of connecting: {last}; check the fleet-status bucket exists and this device may write its keys",
+                window.as_secs()
+            ),
+            Self::Snapshot { window, last } => {
+                write!(f, "no complete desired-state snapshot within {} s of connecting", window.as_secs())?;
+                match last {
+                    Some(e) => write!(f, ": {e}"),
+                    None => write!(f, "; check the fleet-desired bucket exists and this device may read it"),
+                }
+            }
+            Self::Thread { name, source } => write!(f, "starting thread {name}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+impl RunError {
+    /// The one mapping from failure to exit status (documented in `--help`;
+    /// the shared codes match the probe's steps).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Signals(_) | Self::Thread { .. } | Self::UnsupportedArch | Self::Version(_) => 1,
+            Self::Config(_) => 10,
+            Self::Podman(_) => 11,
+            Self::Nats(_) => 12,
+            Self::Snapshot { .. } => 17,
+            Self::Lock(_) => 20,
+            Self::StateDir { .. } => 20,
+            Self::DeviceInfo { .. } => 21,
+        }
+    }
+}
+
+fn thread_err(name: &'static str) -> impl FnOnce(io::Error) -> RunError {
+    move |source| RunError::Thread { name, source }
+}
+
+/// Runs the agent until a termination signal. `signals` must have been
+/// blocked before any thread started.
+pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Result<(), RunError> {
+    let started = Instant::now();
+    let started_at = Timestamp::now();
+    let version = Version::parse(version).map_err(|e| RunError::Version(e.to_string()))?;
+    let arch = Arch::current().ok_or(RunError::UnsupportedArch)?;
+    let shutdown = Arc::new(Shutdown::new());
+    let gate = Arc::new(MutationGate::new());
+    let (sig_tx, sig_rx) = mpsc::channel::<TermSignal>();
+    {
+        let shutdown = Arc::clone(&shutdown);
+        let gate = Arc::clone(&gate);
+        signals
+            .spawn_waiter("agent-signals", move |sig| {
+                // Refuse new mutations at once, on this thread; the main
+                // thread then waits for the one in flight.
+                gate.close(ClosedBy::Shutdown);
+                log::info!("{sig} received; draining");
+                shutdown.request();
+                let _ = sig_tx.send(sig);
+            })
+            .map_err(RunError::Signals)?;
+    }
+
+    // 1. Config, lock, state directory.
+    let config = Config::load(config_path).map_err(RunError::Config)?;
+    let layout = config.layout();
+    let device = config.device_id.clone();
+    let lock = Arc::new(AgentLock::acquire(&layout.agent_lock()).map_err(RunError::Lock)?);
+    let state_dir = layout.agent_state_dir();
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(&state_dir)
+            .map_err(|source| RunError::StateDir {
+                path: state_dir.clone(),
+                source,
+            })?;
+    }
+    log::info!(device = device.as_str(), version = version.as_str(); "config {} read, lock {} taken", config_path.display(), lock.path().display());
+    notify::status("config read, lock taken");
+
+    // 2. Podman.
+    let podman = match &config.podman {
+        PodmanMode::Enabled(s) => {
+            let p = Podman::new(s.clone());
+            let v = p.version().map_err(RunError::Podman)?;
+            log::info!(device = device.as_str(); "podman {v} reachable");
+            notify::status(&format!("podman {v} reachable; connecting to NATS"));
+            Some((p, v))
+        }
+        PodmanMode::Disabled => {
+            notify::status("podman disabled; connecting to NATS");
+            None
+        }
+    };
+
+    // 3. NATS.
+    let nats = match nats::connect(
+        &config.nats,
+        &device,
+        Reconnect::Forever,
+        NATS_CONNECT_WINDOW,
+        &shutdown,
+    ) {
+        Ok(n) => Arc::new(n),
+        Err(NatsError::Interrupted) => return stopped_during_startup(),
+        Err(e) => return Err(RunError::Nats(e)),
+    };
+    let window_end = Instant::now() + NATS_CONNECT_WINDOW;
+    notify::status(&format!(
+        "connected to NATS at {}; publishing device info",
+        nats.servers()
+    ));
+
+    // 4. Device info, acknowledged.
+    let info = sysinfo::device_info(
+        &device,
+        &version,
+        arch,
+        podman.as_ref().map(|(_, v)| v.as_str()),
+        status::config_state(),
+        started_at,
+    );
+    loop {
+        match status::publish_info(&nats, &info) {
+            Ok(()) => break,
+            Err(last) if Instant::now() + STARTUP_RETRY_DELAY >= window_end => {
+                return Err(RunError::DeviceInfo {
+                    window: NATS_CONNECT_WINDOW,
+                    last,
+                })
+            }
+            Err(e) => {
+                log::warn!(device = device.as_str(); "publishing device info: {e}; retrying");
+                if shutdown.sleep(STARTUP_RETRY_DELAY) {
+                    return stopped_during_startup();
+                }
+            }
+        }
+    }
+    notify::status("device info published; reading the desired state");
+
+    // 5. Status publisher, reconciler, desired-state watcher, snapshot.
+    let status = StatusPublisher {
+        nats: Arc::clone(&nats),
+        info,
+        agent_version: version.clone(),
+        started,
+        heartbeat: config.intervals.heartbeat,
+        podman: podman.as_ref().map(|(p, _)| p.clone()),
+    }
+    .spawn()
+    .map_err(thread_err("agent-status"))?;
+    let reconciler = match podman {
+        Some((p, _)) => {
+            let to_status = status.sender();
+            let r = Reconciler::new(
+                device.clone(),
+                p,
+                Arc::clone(&gate),
+                Arc::clone(&lock),
+                &layout,
+                config.intervals.resync,
+                Box::new(move |report| {
+                    let _ = to_status.send(StatusMsg::Workloads(report));
+                }),
+            );
+            Some(
+                r.spawn(Arc::clone(&shutdown))
+                    .map_err(thread_err("agent-reconcile"))?,
+            )
+        }
+        None => None,
+    };
+    let watcher = {
+        let to_reconciler = reconciler.as_ref().map(|r| r.sender());
+        desired::spawn(
+            Arc::clone(&nats),
+            config.intervals.idle_heartbeat,
+            Arc::clone(&shutdown),
+            move |change| match &to_reconciler {
+                Some(tx) => tx.send(ReconcilerMsg::Desired(change)).is_ok(),
+                None => true,
+            },
+        )
+        .map_err(thread_err("agent-desired"))?
+    };
+    let keys = loop {
+        if shutdown.is_requested() {
+            break None;
+        }
+        let left = window_end.saturating_duration_since(Instant::now());
+        match watcher
+            .status
+            .wait_first_snapshot(left.min(Duration::from_secs(1)))
+        {
+            Ok(n) => break Some(n),
+            Err(last) if Instant::now() >= window_end => {
+                return Err(RunError::Snapshot {
+                    window: NATS_CONNECT_WINDOW,
+                    last,
+                })
+            }
+            Err(_) => {}
+        }
+    };
+    match keys {
+        Some(n) => notify::ready(&format!(
+            "device {device}, {n} workloads desired, NATS connected"
+        )),
+        None => log::info!("stopping before readiness"),
+    }
+
+    // Run until a signal.
+    let sig = sig_rx.recv().ok();
+    let drain_start = Instant::now();
+    let in_flight = gate.close(ClosedBy::Shutdown);
+    shutdown.request();
+    match &in_flight {
+        Some(what) => {
+            notify::status(&format!("stopping: waiting for {what}"));
+            log::info!(device = device.as_str(); "waiting for the mutation in flight: {what}");
+        }
+        None => notify::status("stopping"),
+    }
+    if !gate.wait_idle(DRAIN_BUDGET) {
+        log::error!(device = device.as_str(); "{} still in flight after {} s; exiting without it", in_flight.unwrap_or_default(), DRAIN_BUDGET.as_secs());
+    }
+    // The drain is the wait for the mutation in flight (seed 002).
+    let drain = drain_start.elapsed();
+    if let Some(r) = reconciler {
+        r.stop();
+    }
+    watcher.join();
+    match status.stop(drain, STOPPING_ACK_TIMEOUT) {
+        Ok(()) => {
+            log::info!(device = device.as_str(); "stopping status acknowledged; drained in {} ms", drain.as_millis())
+        }
+        Err(e) => log::warn!(device = device.as_str(); "stopping status not acknowledged: {e}"),
+    }
+    if let Err(e) = nats.flush(FLUSH_TIMEOUT) {
+        log::warn!("flushing NATS: {e}");
+    }
+    notify::stopping(&format!(
+        "stopped on {}; drained in {} ms",
+        sig.map_or("request", TermSignal::name),
+        drain.as_millis()
+    ));
+    nats.close();
+    Ok(())
+}
+
+fn stopped_during_startup() -> Result<(), RunError> {
+    log::info!("stopped during startup");
+    notify::stopping("stopped during startup");
+    Ok(())
+}

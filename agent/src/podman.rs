@@ -1,0 +1,444 @@
+//! The Podman driver: every call is the `podman` CLI with JSON output, run
+//! through [`run_bounded`] with a timeout (pulls: the pull timeout), with
+//! the configured global arguments and `CONTAINERS_CONF`.
+//!
+//! Managed containers are named `fleet-<workload>` and carry four labels:
+//! [`LABEL_MANAGED_BY`], [`LABEL_DEVICE`], [`LABEL_WORKLOAD`] and
+//! [`LABEL_SPEC_HASH`]. [`Podman::list_managed`] returns only containers
+//! carrying both our managed-by label and this device's label; nothing else
+//! is ever passed to a mutating call.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::process::Command;
+use std::time::Duration;
+
+use fleet_common::contracts::{ImageRef, PullPolicy, RestartPolicy, WorkloadSpec};
+use fleet_common::process::{describe_status, run_bounded, ProcessError};
+use fleet_common::validate::{DeviceId, WorkloadName};
+use serde::Deserialize;
+
+use crate::config::PodmanSettings;
+
+pub const LABEL_MANAGED_BY: &str = "io.harmony.fleet.managed-by";
+pub const LABEL_DEVICE: &str = "io.harmony.fleet.device";
+pub const LABEL_WORKLOAD: &str = "io.harmony.fleet.workload";
+pub const LABEL_SPEC_HASH: &str = "io.harmony.fleet.spec-hash";
+/// The value of [`LABEL_MANAGED_BY`].
+pub const MANAGED_BY: &str = "fleet-agent";
+/// Container name prefix.
+pub const NAME_PREFIX: &str = "fleet-";
+
+/// Output kept from one podman call (a `ps` of [`MAX_WORKLOADS_PER_DEVICE`]
+/// containers is well below this).
+///
+/// [`MAX_WORKLOADS_PER_DEVICE`]: fleet_common::limits::MAX_WORKLOADS_PER_DEVICE
+const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
+/// Seconds podman waits after SIGTERM before SIGKILL when removing a
+/// container (podman's own default).
+pub const STOP_TIMEOUT_SECS: u32 = 10;
+
+/// The container name of a workload.
+pub fn container_name(w: &WorkloadName) -> String {
+    format!("{NAME_PREFIX}{w}")
+}
+
+/// A podman call that failed.
+#[derive(Debug)]
+pub enum PodmanError {
+    Run {
+        what: String,
+        source: ProcessError,
+    },
+    Failed {
+        what: String,
+        status: String,
+        stderr: String,
+    },
+    Parse {
+        what: String,
+        detail: String,
+    },
+}
+
+impl fmt::Display for PodmanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Run { what, source } => write!(f, "podman {what}: {source}"),
+            Self::Failed {
+                what,
+                status,
+                stderr,
+            } => write!(f, "podman {what} failed ({status}): {stderr}"),
+            Self::Parse { what, detail } => {
+                write!(f, "podman {what} printed unexpected output: {detail}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for PodmanError {}
+
+/// The state of a live container, as podman reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LiveState {
+    Running,
+    /// Paused by someone: left alone, counted as up.
+    Paused,
+    /// Exited, created but never started, stopped: to be restored.
+    Down(String),
+}
+
+/// A container carrying our managed-by and device labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveContainer {
+    pub id: String,
+    pub name: String,
+    pub state: LiveState,
+    pub image: String,
+    /// The workload label, when it is a valid workload name.
+    pub workload: Option<WorkloadName>,
+    pub spec_hash: Option<String>,
+    /// Unix seconds; 0 when never started.
+    pub started_at: i64,
+}
+
+impl LiveContainer {
+    pub fn short_id(&self) -> String {
+        self.id.chars().take(12).collect()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct PsEntry {
+    id: String,
+    #[serde(default)]
+    names: Vec<String>,
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    image: String,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    started_at: i64,
+}
+
+/// Keeps the entries of `ps --format json` that carry our managed-by label
+/// and `device`'s label; everything else is not ours to touch.
+pub fn parse_ps(json: &[u8], device: &DeviceId) -> Result<Vec<LiveContainer>, String> {
+    let entries: Vec<PsEntry> = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for e in entries {
+        let labels = e.labels.unwrap_or_default();
+        if labels.get(LABEL_MANAGED_BY).map(String::as_str) != Some(MANAGED_BY)
+            || labels.get(LABEL_DEVICE).map(String::as_str) != Some(device.as_str())
+        {
+            continue;
+        }
+        let state = match e.state.as_str() {
+            "running" => LiveState::Running,
+            "paused" => LiveState::Paused,
+            other => LiveState::Down(other.to_owned()),
+        };
+        out.push(LiveContainer {
+            name: e.names.into_iter().next().unwrap_or_default(),
+            id: e.id,
+            state,
+            image: e.image,
+            workload: labels
+                .get(LABEL_WORKLOAD)
+                .and_then(|w| WorkloadName::parse(w).ok()),
+            spec_hash: labels.get(LABEL_SPEC_HASH).cloned(),
+            started_at: e.started_at,
+        });
+    }
+    Ok(out)
+}
+
+/// The arguments of `podman run` for one workload (after global args).
+pub fn run_args(device: &DeviceId, workload: &WorkloadName, spec: &WorkloadSpec) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "run".into(),
+        "--detach".into(),
+        "--pull=never".into(),
+        format!("--name={}", container_name(workload)),
+        format!("--label={LABEL_MANAGED_BY}={MANAGED_BY}"),
+        format!("--label={LABEL_DEVICE}={device}"),
+        format!("--label={LABEL_WORKLOAD}={workload}"),
+        format!("--label={LABEL_SPEC_HASH}={}", spec.spec_hash()),
+        format!(
+            "--restart={}",
+            match spec.restart {
+                RestartPolicy::Always => "always",
+                RestartPolicy::OnFailure => "on-failure",
+                RestartPolicy::No => "no",
+            }
+        ),
+    ];
+    for (k, v) in &spec.env {
+        a.push(format!("--env={k}={v}"));
+    }
+    for p in &spec.ports {
+        let proto = match p.protocol {
+            fleet_common::contracts::Protocol::Tcp => "tcp",
+            fleet_common::contracts::Protocol::Udp => "udp",
+        };
+        a.push(format!("--publish={}:{}/{proto}", p.host, p.container));
+    }
+    for v in &spec.volumes {
+        let ro = if v.read_only { ":ro" } else { "" };
+        a.push(format!("--volume={}:{}{ro}", v.source, v.target));
+    }
+    if let Some(m) = spec.memory_bytes {
+        a.push(format!("--memory={m}"));
+    }
+    // Everything after the image is the container's command, never options.
+    a.push(spec.image.as_str().to_owned());
+    a.extend(spec.command.iter().cloned());
+    a
+}
+
+/// The podman CLI as configured.
+#[derive(Debug, Clone)]
+pub struct Podman {
+    settings: PodmanSettings,
+}
+
+impl Podman {
+    pub fn new(settings: PodmanSettings) -> Self {
+        Self { settings }
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.settings.binary);
+        c.args(&self.settings.global_args);
+        if let Some(conf) = &self.settings.containers_conf {
+            c.env("CONTAINERS_CONF", conf);
+        }
+        c
+    }
+
+    /// Runs `podman <args>`; `what` names the call in errors.
+    fn call(&self, what: &str, args: &[&str], timeout: Duration) -> Result<Vec<u8>, PodmanError> {
+        let mut c = self.command();
+        c.args(args);
+        let out =
+            run_bounded(&mut c, timeout, MAX_OUTPUT_BYTES).map_err(|source| PodmanError::Run {
+                what: what.to_owned(),
+                source,
+            })?;
+        if !out.success() {
+            return Err(PodmanError::Failed {
+                what: what.to_owned(),
+                status: describe_status(out.status),
+                stderr: out.diagnostic(),
+            });
+        }
+        Ok(out.stdout)
+    }
+
+    /// `podman version`: the client version; proves podman runs.
+    pub fn version(&self) -> Result<String, PodmanError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Client {
+            version: String,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct V {
+            client: Client,
+        }
+        let out = self.call(
+            "version",
+            &["version", "--format", "json"],
+            self.settings.command_timeout,
+        )?;
+        let v: V = serde_json::from_slice(&out).map_err(|e| PodmanError::Parse {
+            what: "version".into(),
+            detail: e.to_string(),
+        })?;
+        Ok(v.client.version)
+    }
+
+    /// Every container of this device managed by the agent.
+    pub fn list_managed(&self, device: &DeviceId) -> Result<Vec<LiveContainer>, PodmanError> {
+        let filter = format!("label={LABEL_MANAGED_BY}={MANAGED_BY}");
+        let out = self.call(
+            "ps",
+            &["ps", "--all", "--filter", &filter, "--format", "json"],
+            self.settings.command_timeout,
+        )?;
+        parse_ps(&out, device).map_err(|detail| PodmanError::Parse {
+            what: "ps".into(),
+            detail,
+        })
+    }
+
+    /// Whether `image` is in local storage.
+    pub fn image_exists(&self, image: &ImageRef) -> Result<bool, PodmanError> {
+        let mut c = self.command();
+        c.args(["image", "exists", image.as_str()]);
+        let out = run_bounded(&mut c, self.settings.command_timeout, MAX_OUTPUT_BYTES).map_err(
+            |source| PodmanError::Run {
+                what: "image exists".into(),
+                source,
+            },
+        )?;
+        match out.status.code() {
+            Some(0) => Ok(true),
+            Some(1) => Ok(false),
+            _ => Err(PodmanError::Failed {
+                what: format!("image exists {image}"),
+                status: describe_status(out.status),
+                stderr: out.diagnostic(),
+            }),
+        }
+    }
+
+    /// Makes the image local as the pull policy says; pulls are bounded by
+    /// the pull timeout.
+    pub fn ensure_image(&self, image: &ImageRef, policy: PullPolicy) -> Result<(), PodmanError> {
+        let pull = match policy {
+            PullPolicy::Always => true,
+            PullPolicy::Missing => !self.image_exists(image)?,
+            PullPolicy::Never => {
+                if self.image_exists(image)? {
+                    false
+                } else {
+                    return Err(PodmanError::Failed {
+                        what: format!("image {image}"),
+                        status: "not local".into(),
+                        stderr: "the spec says pull: never and the image is not in local storage"
+                            .into(),
+                    });
+                }
+            }
+        };
+        if pull {
+            self.call(
+                &format!("pull {image}"),
+                &["pull", "--quiet", image.as_str()],
+                self.settings.pull_timeout,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Creates and starts the workload's container; returns its id.
+    pub fn run(
+        &self,
+        device: &DeviceId,
+        workload: &WorkloadName,
+        spec: &WorkloadSpec,
+    ) -> Result<String, PodmanError> {
+        let args = run_args(device, workload, spec);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = self.call(
+            &format!("run {}", container_name(workload)),
+            &args,
+            self.settings.command_timeout,
+        )?;
+        Ok(String::from_utf8_lossy(&out).trim().to_owned())
+    }
+
+    /// Starts an existing (exited) container.
+    pub fn start(&self, c: &LiveContainer) -> Result<(), PodmanError> {
+        self.call(
+            &format!("start {}", c.name),
+            &["start", &c.id],
+            self.settings.command_timeout,
+        )
+        .map(drop)
+    }
+
+    /// Stops (SIGTERM, then SIGKILL after [`STOP_TIMEOUT_SECS`]) and removes
+    /// a container.
+    pub fn remove(&self, c: &LiveContainer) -> Result<(), PodmanError> {
+        let t = STOP_TIMEOUT_SECS.to_string();
+        self.call(
+            &format!("rm {}", c.name),
+            &["rm", "--force", "--time", &t, &c.id],
+            self.settings.command_timeout + Duration::from_secs(u64::from(STOP_TIMEOUT_SECS)),
+        )
+        .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev() -> DeviceId {
+        DeviceId::parse("dev1").expect("device")
+    }
+
+    #[test]
+    fn ps_keeps_only_this_devices_managed_containers() {
+        let json = br#"[
+          {"Id":"aaaaaaaaaaaaaaaa","Names":["fleet-web"],"State":"running","Image":"localhost/web:1",
+           "Labels":{"io.harmony.fleet.managed-by":"fleet-agent","io.harmony.fleet.device":"dev1",
+                     "io.harmony.fleet.workload":"web","io.harmony.fleet.spec-hash":"abc"},"StartedAt":1795960941,
+           "Command":["x"],"Exited":false},
+          {"Id":"bbbb","Names":["fleet-db"],"State":"exited","Image":"db",
+           "Labels":{"io.harmony.fleet.managed-by":"fleet-agent","io.harmony.fleet.device":"dev2",
+                     "io.harmony.fleet.workload":"db"}},
+          {"Id":"cccc","Names":["mine"],"State":"running","Image":"x","Labels":null},
+          {"Id":"dddd","Names":["fleet-x"],"State":"exited","Image":"x",
+           "Labels":{"io.harmony.fleet.device":"dev1","io.harmony.fleet.workload":"x"}},
+          {"Id":"eeee","Names":["fleet-Bad"],"State":"created","Image":"x",
+           "Labels":{"io.harmony.fleet.managed-by":"fleet-agent","io.harmony.fleet.device":"dev1",
+                     "io.harmony.fleet.workload":"Bad"}}
+        ]"#;
+        let live = parse_ps(json, &dev()).expect("parse");
+        assert_eq!(live.len(), 2, "{live:?}");
+        assert_eq!(live[0].name, "fleet-web");
+        assert_eq!(live[0].state, LiveState::Running);
+        assert_eq!(live[0].workload.as_ref().map(|w| w.as_str()), Some("web"));
+        assert_eq!(live[0].spec_hash.as_deref(), Some("abc"));
+        assert_eq!(live[0].short_id(), "aaaaaaaaaaaa");
+        assert_eq!(live[1].state, LiveState::Down("created".into()));
+        assert_eq!(
+            live[1].workload, None,
+            "an invalid workload label is no workload"
+        );
+        assert!(parse_ps(b"[]", &dev()).expect("empty").is_empty());
+        assert!(parse_ps(b"{", &dev()).is_err());
+    }
+
+    #[test]
+    fn run_arguments_put_the_command_after_the_image() {
+        let spec = WorkloadSpec::from_json(
+            br#"{"image":"localhost/web:1","command":["--not-an-option","x"],"env":{"A":"1"},
+                 "ports":[{"host":8080,"container":80}],"volumes":[{"source":"data","target":"/d","read-only":true}],
+                 "restart":"on-failure","memory-bytes":1048576}"#,
+        )
+        .expect("spec");
+        let w = WorkloadName::parse("web").expect("name");
+        let a = run_args(&dev(), &w, &spec);
+        let hash = spec.spec_hash();
+        assert_eq!(
+            a,
+            vec![
+                "run".to_owned(),
+                "--detach".into(),
+                "--pull=never".into(),
+                "--name=fleet-web".into(),
+                "--label=io.harmony.fleet.managed-by=fleet-agent".into(),
+                "--label=io.harmony.fleet.device=dev1".into(),
+                "--label=io.harmony.fleet.workload=web".into(),
+                format!("--label=io.harmony.fleet.spec-hash={hash}"),
+                "--restart=on-failure".into(),
+                "--env=A=1".into(),
+                "--publish=8080:80/tcp".into(),
+                "--volume=data:/d:ro".into(),
+                "--memory=1048576".into(),
+                "localhost/web:1".into(),
+                "--not-an-option".into(),
+                "x".into(),
+            ]
+        );
+    }
+}

@@ -1,0 +1,866 @@
+//! The reconciler: one thread (`agent-reconcile`), one mutation at a time.
+//!
+//! It owns the desired state (from [`crate::desired`]), the per-workload
+//! bookkeeping (restarts, back-off, last error) and the record of applied
+//! specs. A pass: list this device's managed containers, compute the
+//! workload report, [`plan`] the mutations, do the first one that the
+//! [`MutationGate`] admits, and start over — so live state is re-read
+//! after every change — until nothing is left to do. Passes run after
+//! every desired-state change, on the resync timer, and when a back-off
+//! ends. Nothing happens before the first complete snapshot.
+//!
+//! Rules: a container whose spec hash differs from the desired spec is
+//! replaced (the new image is pulled first); a container whose workload is
+//! no longer desired is removed; a missing or exited container is
+//! restored; an invalid spec keeps the running container. Containers
+//! without our managed-by and device labels never reach this module.
+//! Failed mutations, and restores that come back within a minute, back off
+//! per workload (5 s doubling to 5 min).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fleet_common::contracts::{
+    AppliedSpecs, ImageRef, WorkloadSpec, WorkloadState, WorkloadStatus, WorkloadsReport,
+};
+use fleet_common::durable;
+use fleet_common::limits::MAX_STATE_FILE_BYTES;
+use fleet_common::validate::{BoundedText, DeviceId, Sha256Hex, WorkloadName};
+use fleet_common::{Layout, Timestamp};
+
+use crate::desired::{DesiredChange, DesiredEntry, DesiredMap};
+use crate::gate::MutationGate;
+use crate::lock::AgentLock;
+use crate::podman::{LiveContainer, LiveState, Podman, PodmanError};
+use crate::shutdown::Shutdown;
+use crate::threads;
+
+/// First back-off after a failure; doubles per consecutive failure.
+pub const BACKOFF_FIRST: Duration = Duration::from_secs(5);
+/// Longest back-off.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
+/// A restored container that runs this long ends its back-off; one that
+/// needs restoring again sooner counts as failing.
+pub const CRASH_LOOP_WINDOW: Duration = Duration::from_secs(60);
+/// How long stopping waits for the thread after the gate is idle.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The back-off after `failures` consecutive failures (1 → 5 s).
+pub fn backoff_delay(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    (BACKOFF_FIRST * 2u32.pow(doublings)).min(BACKOFF_MAX)
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Backoff {
+    failures: u32,
+    not_before: Option<Instant>,
+}
+
+impl Backoff {
+    fn fail(&mut self, now: Instant) -> Duration {
+        self.failures += 1;
+        let d = backoff_delay(self.failures);
+        self.not_before = Some(now + d);
+        d
+    }
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+    fn blocks(&self, now: Instant) -> bool {
+        self.not_before.is_some_and(|t| t > now)
+    }
+}
+
+/// What identifies a mutation for back-off.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ActionKey {
+    Workload(WorkloadName),
+    Container(String),
+}
+
+/// One runtime mutation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// A managed container whose workload is not desired, or a duplicate.
+    Remove { container: LiveContainer },
+    /// No container for the workload. `missing`: one with this spec was
+    /// applied before, so this is a restore.
+    Create {
+        workload: WorkloadName,
+        spec: WorkloadSpec,
+        missing: bool,
+    },
+    /// Containers of the workload with another spec hash.
+    Replace {
+        workload: WorkloadName,
+        spec: WorkloadSpec,
+        old: Vec<LiveContainer>,
+    },
+    /// The workload's container exists but is not running. `spec`: to
+    /// recreate it when starting fails (none for an invalid spec).
+    Restore {
+        workload: WorkloadName,
+        container: LiveContainer,
+        spec: Option<WorkloadSpec>,
+    },
+}
+
+impl Action {
+    pub fn key(&self) -> ActionKey {
+        match self {
+            Self::Remove { container } => ActionKey::Container(container.id.clone()),
+            Self::Create { workload, .. }
+            | Self::Replace { workload, .. }
+            | Self::Restore { workload, .. } => ActionKey::Workload(workload.clone()),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Remove { container } => format!("remove {}", container.name),
+            Self::Create {
+                workload,
+                missing: false,
+                ..
+            } => format!("create {workload}"),
+            Self::Create {
+                workload,
+                missing: true,
+                ..
+            } => format!("recreate missing {workload}"),
+            Self::Replace { workload, .. } => format!("replace {workload}"),
+            Self::Restore { workload, .. } => format!("restore {workload}"),
+        }
+    }
+
+    fn is_restore(&self) -> bool {
+        matches!(
+            self,
+            Self::Restore { .. } | Self::Create { missing: true, .. }
+        )
+    }
+}
+
+/// The mutations that bring `live` to `desired`, removals first, without
+/// those `blocked` (backing off). Pure: the reconciler's whole policy.
+pub fn plan(
+    desired: &DesiredMap,
+    live: &[LiveContainer],
+    applied: &BTreeMap<WorkloadName, WorkloadSpec>,
+    blocked: impl Fn(&ActionKey) -> bool,
+) -> Vec<Action> {
+    let mut removes = Vec::new();
+    let mut replaces = Vec::new();
+    let mut creates = Vec::new();
+    let mut restores = Vec::new();
+    let mut by_workload: BTreeMap<&WorkloadName, Vec<&LiveContainer>> = BTreeMap::new();
+    for c in live {
+        match &c.workload {
+            Some(w) if desired.contains_key(w) => by_workload.entry(w).or_default().push(c),
+            _ => removes.push(Action::Remove {
+                container: c.clone(),
+            }),
+        }
+    }
+    for (w, entry) in desired {
+        let mut cs = by_workload.remove(w).unwrap_or_default();
+        // Running ones first, so the one kept is the healthy one.
+        cs.sort_by_key(|c| c.state != LiveState::Running);
+        match entry {
+            DesiredEntry::Valid(spec) => {
+                let hash = spec.spec_hash();
+                let (matching, others): (Vec<&LiveContainer>, Vec<&LiveContainer>) = cs
+                    .into_iter()
+                    .partition(|c| c.spec_hash.as_deref() == Some(hash.as_str()));
+                if let Some((keep, extra)) = matching.split_first() {
+                    for c in extra.iter().chain(others.iter()) {
+                        removes.push(Action::Remove {
+                            container: (*c).clone(),
+                        });
+                    }
+                    if matches!(keep.state, LiveState::Down(_)) {
+                        restores.push(Action::Restore {
+                            workload: w.clone(),
+                            container: (*keep).clone(),
+                            spec: Some(spec.clone()),
+                        });
+                    }
+                } else if !others.is_empty() {
+                    replaces.push(Action::Replace {
+                        workload: w.clone(),
+                        spec: spec.clone(),
+                        old: others.into_iter().cloned().collect(),
+                    });
+                } else {
+                    creates.push(Action::Create {
+                        workload: w.clone(),
+                        spec: spec.clone(),
+                        missing: applied.get(w).is_some_and(|a| a.spec_hash() == hash),
+                    });
+                }
+            }
+            DesiredEntry::Invalid { .. } => {
+                if let Some(keep) = cs.first() {
+                    if matches!(keep.state, LiveState::Down(_)) {
+                        restores.push(Action::Restore {
+                            workload: w.clone(),
+                            container: (*keep).clone(),
+                            spec: None,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let mut all = removes;
+    all.extend(replaces);
+    all.extend(creates);
+    all.extend(restores);
+    all.retain(|a| !blocked(&a.key()));
+    all
+}
+
+/// Bookkeeping of one desired workload.
+#[derive(Debug, Clone)]
+struct Tracked {
+    /// The spec hash (or, for an invalid value, the value hash) this
+    /// bookkeeping is about; a new one starts it over.
+    hash: Sha256Hex,
+    restarts: u32,
+    last_error: Option<String>,
+    backoff: Backoff,
+    last_restore: Option<Instant>,
+    state: WorkloadState,
+    since: Timestamp,
+}
+
+impl Tracked {
+    fn new(hash: Sha256Hex) -> Self {
+        Self {
+            hash,
+            restarts: 0,
+            last_error: None,
+            backoff: Backoff::default(),
+            last_restore: None,
+            state: WorkloadState::Pending,
+            since: Timestamp::now(),
+        }
+    }
+}
+
+/// Messages to the reconciler thread.
+#[derive(Debug)]
+pub enum ReconcilerMsg {
+    Desired(DesiredChange),
+    Stop,
+}
+
+/// Where workload reports go (the status publisher).
+pub type ReportSink = Box<dyn FnMut(WorkloadsReport) + Send>;
+
+/// The reconciler's state; moved onto its thread by [`Reconciler::spawn`].
+pub struct Reconciler {
+    device: DeviceId,
+    podman: Podman,
+    gate: Arc<MutationGate>,
+    _lock: Arc<AgentLock>,
+    applied_path: PathBuf,
+    applied: BTreeMap<WorkloadName, WorkloadSpec>,
+    desired: Option<DesiredMap>,
+    tracked: BTreeMap<WorkloadName, Tracked>,
+    removal_backoff: BTreeMap<String, Backoff>,
+    resync: Duration,
+    report: ReportSink,
+    last_reported: Option<BTreeMap<WorkloadName, WorkloadStatus>>,
+}
+
+impl std::fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("device", &self.device)
+            .field("workloads", &self.tracked.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The running reconciler thread.
+#[derive(Debug)]
+pub struct ReconcilerHandle {
+    tx: Sender<ReconcilerMsg>,
+    thread: JoinHandle<()>,
+}
+
+impl ReconcilerHandle {
+    pub fn sender(&self) -> Sender<ReconcilerMsg> {
+        self.tx.clone()
+    }
+
+    /// Asks the thread to stop and joins it. Close the gate first: the
+    /// thread finishes only the mutation in flight.
+    pub fn stop(self) {
+        let _ = self.tx.send(ReconcilerMsg::Stop);
+        threads::join_within(self.thread, JOIN_TIMEOUT, "agent-reconcile");
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Reconciler {
+    /// Reads the applied specs of an earlier run (absent or unreadable:
+    /// none). Taking `lock` proves this process is the one mutator.
+    pub fn new(
+        device: DeviceId,
+        podman: Podman,
+        gate: Arc<MutationGate>,
+        lock: Arc<AgentLock>,
+        layout: &Layout,
+        resync: Duration,
+        report: ReportSink,
+    ) -> Self {
+        let applied_path = layout.applied_specs();
+        let applied = match durable::read_bounded(&applied_path, MAX_STATE_FILE_BYTES) {
+            Ok(bytes) => match serde_json::from_slice::<AppliedSpecs>(&bytes) {
+                Ok(a) => a.workloads,
+                Err(e) => {
+                    log::warn!("ignoring {}: {e}", applied_path.display());
+                    BTreeMap::new()
+                }
+            },
+            Err(e) if e.is_not_found() => BTreeMap::new(),
+            Err(e) => {
+                log::warn!("ignoring the applied specs: {e}");
+                BTreeMap::new()
+            }
+        };
+        Self {
+            device,
+            podman,
+            gate,
+            _lock: lock,
+            applied_path,
+            applied,
+            desired: None,
+            tracked: BTreeMap::new(),
+            removal_backoff: BTreeMap::new(),
+            resync,
+            report,
+            last_reported: None,
+        }
+    }
+
+    /// Starts `agent-reconcile`.
+    pub fn spawn(self, shutdown: Arc<Shutdown>) -> std::io::Result<ReconcilerHandle> {
+        let (tx, rx) = mpsc::channel();
+        let thread = threads::spawn("agent-reconcile", move || self.run(&rx, &shutdown))?;
+        Ok(ReconcilerHandle { tx, thread })
+    }
+
+    fn run(mut self, rx: &Receiver<ReconcilerMsg>, shutdown: &Shutdown) {
+        let mut next_resync = Instant::now();
+        loop {
+            let now = Instant::now();
+            let wake = self
+                .next_backoff_end()
+                .map_or(next_resync, |b| b.min(next_resync));
+            let mut due = now >= wake;
+            if !due {
+                match rx.recv_timeout(wake - now) {
+                    Ok(ReconcilerMsg::Desired(change)) => {
+                        self.apply(change);
+                        due = true;
+                    }
+                    Ok(ReconcilerMsg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                    Err(RecvTimeoutError::Timeout) => due = true,
+                }
+            }
+            if !self.drain(rx) || shutdown.is_requested() {
+                return;
+            }
+            if due && self.desired.is_some() {
+                self.pass(rx, shutdown);
+                next_resync = Instant::now() + self.resync;
+            } else if due {
+                next_resync = Instant::now() + self.resync;
+            }
+        }
+    }
+
+    /// Applies every queued message; false on Stop.
+    fn drain(&mut self, rx: &Receiver<ReconcilerMsg>) -> bool {
+        loop {
+            match rx.try_recv() {
+                Ok(ReconcilerMsg::Desired(change)) => self.apply(change),
+                Ok(ReconcilerMsg::Stop) => return false,
+                Err(mpsc::TryRecvError::Empty) => return true,
+                Err(mpsc::TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    fn apply(&mut self, change: DesiredChange) {
+        match change {
+            DesiredChange::Snapshot(map) => {
+                log::info!(device = self.device.as_str(); "desired state: {} workloads", map.len());
+                self.desired = Some(map);
+            }
+            // INVARIANT: the watcher sends a snapshot before any delta; a
+            // delta alone must never stand for the whole desired state
+            // (everything else would be removed).
+            DesiredChange::Put(w, entry) => match self.desired.as_mut() {
+                Some(d) => {
+                    log::info!(device = self.device.as_str(), workload = w.as_str(); "desired workload changed");
+                    d.insert(w, entry);
+                }
+                None => {
+                    log::error!(device = self.device.as_str(), workload = w.as_str(); "ignoring a change before the first snapshot")
+                }
+            },
+            DesiredChange::Delete(w) => match self.desired.as_mut() {
+                Some(d) => {
+                    log::info!(device = self.device.as_str(), workload = w.as_str(); "desired workload deleted");
+                    d.remove(&w);
+                }
+                None => {
+                    log::error!(device = self.device.as_str(), workload = w.as_str(); "ignoring a deletion before the first snapshot")
+                }
+            },
+        }
+    }
+
+    fn next_backoff_end(&self) -> Option<Instant> {
+        self.tracked
+            .values()
+            .filter_map(|t| t.backoff.not_before)
+            .chain(self.removal_backoff.values().filter_map(|b| b.not_before))
+            .min()
+    }
+
+    /// Re-reads live state and does one mutation at a time until the plan
+    /// is empty, the gate refuses, or a new desired change arrives (which
+    /// is applied before the next mutation is planned).
+    fn pass(&mut self, rx: &Receiver<ReconcilerMsg>, shutdown: &Shutdown) {
+        loop {
+            if !self.drain(rx) || shutdown.is_requested() {
+                return;
+            }
+            let live = match self.podman.list_managed(&self.device) {
+                Ok(l) => l,
+                Err(e) => {
+                    log::error!(device = self.device.as_str(); "reading live containers: {e}");
+                    return;
+                }
+            };
+            let now = Instant::now();
+            self.observe(&live, now);
+            let Some(desired) = self.desired.as_ref() else {
+                return;
+            };
+            let tracked = &self.tracked;
+            let removal = &self.removal_backoff;
+            let actions = plan(desired, &live, &self.applied, |k| match k {
+                ActionKey::Workload(w) => tracked.get(w).is_some_and(|t| t.backoff.blocks(now)),
+                ActionKey::Container(id) => removal.get(id).is_some_and(|b| b.blocks(now)),
+            });
+            self.gate.set_pending(actions.len());
+            let Some(action) = actions.into_iter().next() else {
+                return;
+            };
+            let what = action.describe();
+            let Some(permit) = self.gate.begin(&what) else {
+                log::info!(device = self.device.as_str(); "not starting {what}: mutations are not admitted now");
+                return;
+            };
+            log::info!(device = self.device.as_str(); "{what}");
+            let result = self.execute(&action);
+            let took = permit.elapsed();
+            drop(permit);
+            self.record(&action, result, took);
+        }
+    }
+
+    fn execute(&self, action: &Action) -> Result<(), PodmanError> {
+        let p = &self.podman;
+        match action {
+            Action::Remove { container } => p.remove(container),
+            Action::Create { workload, spec, .. } => {
+                p.ensure_image(&spec.image, spec.pull)?;
+                p.run(&self.device, workload, spec).map(drop)
+            }
+            Action::Replace {
+                workload,
+                spec,
+                old,
+            } => {
+                // Pull before removing, so a failing pull keeps the old one.
+                p.ensure_image(&spec.image, spec.pull)?;
+                for c in old {
+                    p.remove(c)?;
+                }
+                p.run(&self.device, workload, spec).map(drop)
+            }
+            Action::Restore {
+                workload,
+                container,
+                spec,
+            } => match p.start(container) {
+                Ok(()) => Ok(()),
+                Err(e) => match spec {
+                    Some(spec) => {
+                        log::warn!(device = self.device.as_str(), workload = workload.as_str(); "{e}; recreating the container");
+                        p.remove(container)?;
+                        p.ensure_image(&spec.image, spec.pull)?;
+                        p.run(&self.device, workload, spec).map(drop)
+                    }
+                    None => Err(e),
+                },
+            },
+        }
+    }
+
+    fn record(&mut self, action: &Action, result: Result<(), PodmanError>, took: Duration) {
+        let now = Instant::now();
+        let device = self.device.clone();
+        let what = action.describe();
+        match (action, result) {
+            (Action::Remove { container }, Ok(())) => {
+                self.removal_backoff.remove(&container.id);
+                if let Some(w) = &container.workload {
+                    let still_desired = self.desired.as_ref().is_some_and(|d| d.contains_key(w));
+                    if !still_desired && self.applied.remove(w).is_some() {
+                        self.persist_applied();
+                    }
+                }
+                log::info!(device = device.as_str(); "{what}: done in {} ms", took.as_millis());
+            }
+            (Action::Remove { container }, Err(e)) => {
+                let b = self
+                    .removal_backoff
+                    .entry(container.id.clone())
+                    .or_default();
+                let d = b.fail(now);
+                log::error!(device = device.as_str(), attempt = b.failures; "{what}: {e}; retrying in {} s", d.as_secs());
+            }
+            (action, Ok(())) => {
+                let Some(w) = workload_of(action) else {
+                    return;
+                };
+                let restore = action.is_restore();
+                if let Some(t) = self.tracked.get_mut(w) {
+                    t.last_error = None;
+                    if restore {
+                        t.restarts = t.restarts.saturating_add(1);
+                        let looping = t
+                            .last_restore
+                            .is_some_and(|p| now.duration_since(p) < CRASH_LOOP_WINDOW);
+                        t.last_restore = Some(now);
+                        if looping {
+                            let d = t.backoff.fail(now);
+                            log::warn!(device = device.as_str(), workload = w.as_str(), attempt = t.backoff.failures; "restored again within {} s; the next restore waits {} s", CRASH_LOOP_WINDOW.as_secs(), d.as_secs());
+                        }
+                    } else {
+                        t.backoff.clear();
+                    }
+                }
+                if let Action::Create { spec, .. } | Action::Replace { spec, .. } = action {
+                    self.applied.insert(w.clone(), spec.clone());
+                    self.persist_applied();
+                }
+                log::info!(device = device.as_str(), workload = w.as_str(); "{what}: done in {} ms", took.as_millis());
+            }
+            (action, Err(e)) => {
+                let Some(w) = workload_of(action) else {
+                    return;
+                };
+                if let Some(t) = self.tracked.get_mut(w) {
+                    let d = t.backoff.fail(now);
+                    t.last_error = Some(e.to_string());
+                    log::error!(device = device.as_str(), workload = w.as_str(), attempt = t.backoff.failures; "{what}: {e}; retrying in {} s", d.as_secs());
+                }
+            }
+        }
+    }
+
+    fn persist_applied(&self) {
+        let record = AppliedSpecs {
+            format: AppliedSpecs::FORMAT,
+            workloads: self.applied.clone(),
+            written_at: Timestamp::now(),
+        };
+        let written = serde_json::to_vec_pretty(&record)
+            .map_err(|e| e.to_string())
+            .and_then(|b| {
+                durable::write_atomic(&self.applied_path, &b, 0o640).map_err(|e| e.to_string())
+            });
+        if let Err(e) = written {
+            log::error!(device = self.device.as_str(); "recording the applied specs in {}: {e}", self.applied_path.display());
+        }
+    }
+
+    /// Updates the bookkeeping from live state and sends the workload
+    /// report when it changed.
+    fn observe(&mut self, live: &[LiveContainer], now: Instant) {
+        let Some(desired) = self.desired.as_ref() else {
+            return;
+        };
+        self.tracked.retain(|w, _| desired.contains_key(w));
+        self.removal_backoff
+            .retain(|id, _| live.iter().any(|c| &c.id == id));
+        let unix = unix_now();
+        let mut report = BTreeMap::new();
+        for (w, entry) in desired {
+            let hash = match entry {
+                DesiredEntry::Valid(spec) => spec.spec_hash(),
+                DesiredEntry::Invalid { value_hash, .. } => value_hash.clone(),
+            };
+            let t = self
+                .tracked
+                .entry(w.clone())
+                .or_insert_with(|| Tracked::new(hash.clone()));
+            if t.hash != hash {
+                *t = Tracked::new(hash.clone());
+            }
+            let mine: Vec<&LiveContainer> = live
+                .iter()
+                .filter(|c| c.workload.as_ref() == Some(w))
+                .collect();
+            let (state, image, container, last_error) = match entry {
+                DesiredEntry::Valid(spec) => {
+                    let matching = mine
+                        .iter()
+                        .filter(|c| c.spec_hash.as_deref() == Some(hash.as_str()))
+                        .min_by_key(|c| c.state != LiveState::Running)
+                        .copied();
+                    let state = match matching.map(|c| &c.state) {
+                        Some(LiveState::Running) | Some(LiveState::Paused) => {
+                            let up = matching.map_or(0, |c| unix.saturating_sub(c.started_at));
+                            if up_long_enough(up) {
+                                t.backoff.clear();
+                            }
+                            WorkloadState::Running
+                        }
+                        _ if t.backoff.blocks(now) && t.last_error.is_some() => {
+                            WorkloadState::BackOff
+                        }
+                        Some(LiveState::Down(_)) => WorkloadState::Exited,
+                        None if t.backoff.blocks(now) => WorkloadState::BackOff,
+                        None => WorkloadState::Pending,
+                    };
+                    (
+                        state,
+                        Some(spec.image.clone()),
+                        matching,
+                        t.last_error.clone(),
+                    )
+                }
+                DesiredEntry::Invalid { error, image, .. } => {
+                    let c = mine.first().copied();
+                    let live_image = c.and_then(|c| ImageRef::parse(&c.image).ok());
+                    (
+                        WorkloadState::Invalid,
+                        live_image.or_else(|| image.clone()),
+                        c,
+                        Some(error.clone()),
+                    )
+                }
+            };
+            if t.state != state {
+                t.state = state;
+                t.since = Timestamp::now();
+            }
+            let Some(image) = image else {
+                log::error!(device = self.device.as_str(), workload = w.as_str(); "not reporting the workload: its value names no valid image ({})", last_error.unwrap_or_default());
+                continue;
+            };
+            report.insert(
+                w.clone(),
+                WorkloadStatus {
+                    state,
+                    image,
+                    spec_hash: hash,
+                    container_id: container.map(LiveContainer::short_id),
+                    restarts: t.restarts,
+                    last_error: last_error.map(BoundedText::truncate),
+                    since: t.since,
+                },
+            );
+        }
+        if self.last_reported.as_ref() != Some(&report) {
+            self.last_reported = Some(report.clone());
+            (self.report)(WorkloadsReport {
+                workloads: report,
+                observed_at: Timestamp::now(),
+            });
+        }
+    }
+}
+
+/// Whether a container up for `up_secs` has outlived the crash-loop window.
+fn up_long_enough(up_secs: i64) -> bool {
+    u64::try_from(up_secs).is_ok_and(|s| s >= CRASH_LOOP_WINDOW.as_secs())
+}
+
+fn workload_of(a: &Action) -> Option<&WorkloadName> {
+    match a {
+        Action::Remove { container } => container.workload.as_ref(),
+        Action::Create { workload, .. }
+        | Action::Replace { workload, .. }
+        | Action::Restore { workload, .. } => Some(workload),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(n: &str) -> WorkloadName {
+        WorkloadName::parse(n).expect("name")
+    }
+
+    fn spec(image: &str) -> WorkloadSpec {
+        WorkloadSpec::from_json(format!(r#"{{"image":"{image}"}}"#).as_bytes()).expect("spec")
+    }
+
+    fn container(id: &str, workload: &str, hash: &str, state: LiveState) -> LiveContainer {
+        LiveContainer {
+            id: id.into(),
+            name: format!("fleet-{workload}"),
+            state,
+            image: "img".into(),
+            workload: WorkloadName::parse(workload).ok(),
+            spec_hash: Some(hash.into()),
+            started_at: 0,
+        }
+    }
+
+    fn kinds(actions: &[Action]) -> Vec<String> {
+        actions.iter().map(Action::describe).collect()
+    }
+
+    #[test]
+    fn plan_covers_every_case_removals_first() {
+        let web = spec("localhost/web:1");
+        let db = spec("localhost/db:1");
+        let cam = spec("localhost/cam:1");
+        let api = spec("localhost/api:1");
+        let desired: DesiredMap = BTreeMap::from([
+            (w("web"), DesiredEntry::Valid(web.clone())),
+            (w("db"), DesiredEntry::Valid(db.clone())),
+            (w("cam"), DesiredEntry::Valid(cam.clone())),
+            (w("api"), DesiredEntry::Valid(api.clone())),
+            (
+                w("bad"),
+                DesiredEntry::Invalid {
+                    error: "x".into(),
+                    value_hash: Sha256Hex::of(b"x"),
+                    image: None,
+                },
+            ),
+        ]);
+        let live = vec![
+            // web: running with the desired hash: nothing to do.
+            container("1", "web", web.spec_hash().as_str(), LiveState::Running),
+            // db: another hash: replace.
+            container("2", "db", "old", LiveState::Running),
+            // cam: exited with the desired hash: restore.
+            container(
+                "3",
+                "cam",
+                cam.spec_hash().as_str(),
+                LiveState::Down("exited".into()),
+            ),
+            // gone: no longer desired: remove.
+            container("4", "gone", "h", LiveState::Running),
+            // bad: invalid spec keeps its container, restored when down.
+            container("5", "bad", "h", LiveState::Down("exited".into())),
+            // a duplicate of web: removed.
+            container(
+                "6",
+                "web",
+                web.spec_hash().as_str(),
+                LiveState::Down("created".into()),
+            ),
+        ];
+        let applied = BTreeMap::from([(w("api"), api.clone())]);
+        let actions = plan(&desired, &live, &applied, |_| false);
+        assert_eq!(
+            kinds(&actions),
+            vec![
+                "remove fleet-gone",
+                "remove fleet-web",
+                "replace db",
+                "recreate missing api",
+                "restore bad",
+                "restore cam",
+            ]
+        );
+        match &actions[1] {
+            Action::Remove { container } => {
+                assert_eq!(container.id, "6", "the running one is kept")
+            }
+            other => panic!("{other:?}"),
+        }
+        match &actions[2] {
+            Action::Replace { old, .. } => assert_eq!(old.len(), 1),
+            other => panic!("{other:?}"),
+        }
+        // Backing-off workloads and containers are left out.
+        let blocked = plan(&desired, &live, &BTreeMap::new(), |k| {
+            matches!(k, ActionKey::Workload(x) if x.as_str() == "db")
+                || matches!(k, ActionKey::Container(id) if id == "4")
+        });
+        assert_eq!(
+            kinds(&blocked),
+            vec![
+                "remove fleet-web",
+                "create api",
+                "restore bad",
+                "restore cam"
+            ]
+        );
+        // Converged: nothing.
+        let converged = vec![
+            container("1", "web", web.spec_hash().as_str(), LiveState::Running),
+            container("2", "db", db.spec_hash().as_str(), LiveState::Running),
+            container("3", "cam", cam.spec_hash().as_str(), LiveState::Paused),
+            container("7", "api", api.spec_hash().as_str(), LiveState::Running),
+        ];
+        assert!(plan(&desired, &converged, &applied, |_| false).is_empty());
+        // An empty desired state removes every managed container.
+        assert_eq!(
+            kinds(&plan(&BTreeMap::new(), &converged, &applied, |_| false)),
+            vec![
+                "remove fleet-web",
+                "remove fleet-db",
+                "remove fleet-cam",
+                "remove fleet-api"
+            ]
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_to_five_minutes() {
+        assert_eq!(backoff_delay(1), Duration::from_secs(5));
+        assert_eq!(backoff_delay(2), Duration::from_secs(10));
+        assert_eq!(backoff_delay(3), Duration::from_secs(20));
+        assert_eq!(backoff_delay(7), Duration::from_secs(300));
+        assert_eq!(backoff_delay(1000), Duration::from_secs(300));
+        let now = Instant::now();
+        let mut b = Backoff::default();
+        assert!(!b.blocks(now));
+        b.fail(now);
+        assert!(b.blocks(now));
+        assert!(!b.blocks(now + Duration::from_secs(6)));
+        b.clear();
+        assert_eq!(b, Backoff::default());
+    }
+}

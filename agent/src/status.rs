@@ -1,0 +1,285 @@
+//! Status publishing: the thread `agent-status` writes this device's
+//! `fleet-status` keys, each write acknowledged by JetStream.
+//!
+//! - `<device>.info`: once at start (by [`publish_info`], before READY),
+//!   then on change: the Podman version is re-read every
+//!   [`INFO_REFRESH`] and the info republished when it differs.
+//! - `<device>.heartbeat`: at start, then every heartbeat interval with a
+//!   random jitter so a fleet does not beat in step. The last one of a run
+//!   carries `stopping` with the drain duration.
+//! - `<device>.workloads`: each report the reconciler sends (it sends only
+//!   changes); a failed write is retried until a newer report replaces it.
+//!
+//! The config state comes from one place, [`config_state`], until the
+//! change-freeze issue gives it an owner.
+
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use fleet_common::contracts::{
+    ConfigState, ConfigStateReport, DeviceInfo, Heartbeat, Stopping, WorkloadsReport,
+};
+use fleet_common::limits::{HEARTBEAT_JITTER, NATS_REQUEST_TIMEOUT};
+use fleet_common::subjects::{status_key, StatusKey, BUCKET_STATUS};
+use fleet_common::validate::{BoundedText, Version};
+use fleet_common::Timestamp;
+
+use crate::nats::{kv, Nats, PublishError};
+use crate::podman::Podman;
+use crate::threads;
+
+/// How often the Podman version is re-read for `<device>.info`.
+pub const INFO_REFRESH: Duration = Duration::from_secs(10 * 60);
+/// Delay before retrying a failed write.
+const RETRY_DELAY: Duration = Duration::from_secs(5);
+/// How long stopping waits for the thread after its last write.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The agent's config state as reported. Always `configured` until the
+/// change freeze lands.
+pub fn config_state() -> ConfigStateReport {
+    ConfigStateReport {
+        state: ConfigState::Configured,
+        waiting_changes: 0,
+        intent_waiting: false,
+    }
+}
+
+/// Writes `<device>.info`.
+pub fn publish_info(nats: &Nats, info: &DeviceInfo) -> Result<(), PublishError> {
+    kv::put_json(
+        nats,
+        BUCKET_STATUS,
+        &status_key(nats.device(), StatusKey::Info),
+        info,
+        NATS_REQUEST_TIMEOUT,
+    )
+    .map(drop)
+}
+
+/// Jitter source: xorshift seeded from the OS (through a v4 UUID).
+#[derive(Debug)]
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Self {
+        let seed = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
+        Self(seed)
+    }
+
+    /// A duration uniformly in `0..=max`.
+    fn up_to(&mut self, max: Duration) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let max_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(self.0 % max_ms.saturating_add(1))
+    }
+}
+
+/// The delay to the next heartbeat: `interval` plus up to a tenth of it
+/// (at most [`HEARTBEAT_JITTER`]).
+fn next_heartbeat_in(interval: Duration, jitter: &mut Jitter) -> Duration {
+    interval + jitter.up_to(HEARTBEAT_JITTER.min(interval / 10))
+}
+
+/// Messages to the status thread.
+#[derive(Debug)]
+pub enum StatusMsg {
+    Workloads(WorkloadsReport),
+    /// Publish the last heartbeat, with `stopping`, and exit; the result
+    /// goes to `done`.
+    Stopping {
+        drain: Duration,
+        done: SyncSender<Result<(), String>>,
+    },
+}
+
+/// The status publisher's state; moved onto its thread by [`Self::spawn`].
+#[derive(Debug)]
+pub struct StatusPublisher {
+    pub nats: Arc<Nats>,
+    pub info: DeviceInfo,
+    pub agent_version: Version,
+    pub started: Instant,
+    pub heartbeat: Duration,
+    /// Re-read for the version in `<device>.info`; `None` when disabled.
+    pub podman: Option<Podman>,
+}
+
+/// The running status thread.
+#[derive(Debug)]
+pub struct StatusHandle {
+    tx: Sender<StatusMsg>,
+    thread: JoinHandle<()>,
+}
+
+impl StatusHandle {
+    pub fn sender(&self) -> Sender<StatusMsg> {
+        self.tx.clone()
+    }
+
+    /// Publishes the stopping heartbeat (acknowledged, within `timeout`)
+    /// and joins the thread.
+    pub fn stop(self, drain: Duration, timeout: Duration) -> Result<(), String> {
+        let (done, rx) = mpsc::sync_channel(1);
+        if self.tx.send(StatusMsg::Stopping { drain, done }).is_err() {
+            return Err("the status thread is gone".into());
+        }
+        let r = rx
+            .recv_timeout(timeout)
+            .unwrap_or_else(|_| Err(format!("no acknowledgement within {} s", timeout.as_secs())));
+        threads::join_within(self.thread, JOIN_TIMEOUT, "agent-status");
+        r
+    }
+}
+
+impl StatusPublisher {
+    pub fn spawn(self) -> std::io::Result<StatusHandle> {
+        let (tx, rx) = mpsc::channel();
+        let thread = threads::spawn("agent-status", move || self.run(&rx))?;
+        Ok(StatusHandle { tx, thread })
+    }
+
+    fn heartbeat(&self, stopping: Option<Stopping>) -> Heartbeat {
+        Heartbeat {
+            at: Timestamp::now(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            agent_version: self.agent_version.clone(),
+            config_state: config_state(),
+            stopping,
+        }
+    }
+
+    fn put<T: serde::Serialize>(&self, key: StatusKey, value: &T) -> Result<(), PublishError> {
+        kv::put_json(
+            &self.nats,
+            BUCKET_STATUS,
+            &status_key(self.nats.device(), key),
+            value,
+            NATS_REQUEST_TIMEOUT,
+        )
+        .map(drop)
+    }
+
+    fn run(mut self, rx: &Receiver<StatusMsg>) {
+        let device = self.nats.device().as_str().to_owned();
+        let mut jitter = Jitter::new();
+        let mut next_beat = Instant::now();
+        let mut next_info = Instant::now() + INFO_REFRESH;
+        let mut workloads: Option<WorkloadsReport> = None;
+        let mut info_pending = false;
+        let mut retry_at: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            let wake = [Some(next_beat), Some(next_info), retry_at]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(next_beat);
+            match rx.recv_timeout(wake.saturating_duration_since(now)) {
+                Ok(StatusMsg::Workloads(r)) => {
+                    workloads = Some(r);
+                    retry_at = Some(Instant::now());
+                }
+                Ok(StatusMsg::Stopping { drain, done }) => {
+                    let at = Timestamp::now();
+                    let hb = self.heartbeat(Some(Stopping {
+                        at,
+                        drain_duration_ms: u64::try_from(drain.as_millis()).unwrap_or(u64::MAX),
+                    }));
+                    let r = self
+                        .put(StatusKey::Heartbeat, &hb)
+                        .map_err(|e| e.to_string());
+                    let _ = done.send(r);
+                    return;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            let now = Instant::now();
+            if now >= next_beat {
+                if let Err(e) = self.put(StatusKey::Heartbeat, &self.heartbeat(None)) {
+                    log::warn!(device = device.as_str(); "heartbeat not published: {e}");
+                }
+                next_beat = Instant::now() + next_heartbeat_in(self.heartbeat, &mut jitter);
+            }
+            if now >= next_info {
+                next_info = now + INFO_REFRESH;
+                if let Some(p) = &self.podman {
+                    match p.version() {
+                        Ok(v) => {
+                            let v = Some(BoundedText::truncate(v));
+                            if v != self.info.podman_version {
+                                log::info!(device = device.as_str(); "Podman version is now {:?}", v);
+                                self.info.podman_version = v;
+                                self.info.updated_at = Timestamp::now();
+                                info_pending = true;
+                                retry_at = Some(now);
+                            }
+                        }
+                        Err(e) => {
+                            log::warn!(device = device.as_str(); "re-reading the Podman version: {e}")
+                        }
+                    }
+                }
+            }
+            if retry_at.is_some_and(|t| now >= t) {
+                retry_at = None;
+                if info_pending {
+                    match self.put(StatusKey::Info, &self.info) {
+                        Ok(()) => info_pending = false,
+                        Err(e) => {
+                            log::warn!(device = device.as_str(); "device info not published: {e}; retrying");
+                            retry_at = Some(now + RETRY_DELAY);
+                        }
+                    }
+                }
+                if let Some(r) = &workloads {
+                    match self.put(StatusKey::Workloads, r) {
+                        Ok(()) => {
+                            let (running, total) = r.ready();
+                            crate::notify::status(&format!(
+                                "running: {running}/{total} workloads up; NATS {}",
+                                if self.nats.is_connected() {
+                                    "connected"
+                                } else {
+                                    "reconnecting"
+                                }
+                            ));
+                            workloads = None;
+                        }
+                        Err(e) => {
+                            log::warn!(device = device.as_str(); "workload status not published: {e}; retrying");
+                            retry_at = Some(now + RETRY_DELAY);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeat_jitter_stays_within_a_tenth_and_three_seconds() {
+        let mut j = Jitter::new();
+        for _ in 0..1000 {
+            let d = next_heartbeat_in(Duration::from_secs(30), &mut j);
+            assert!(
+                d >= Duration::from_secs(30) && d <= Duration::from_secs(33),
+                "{d:?}"
+            );
+            let d = next_heartbeat_in(Duration::from_secs(1), &mut j);
+            assert!(
+                d >= Duration::from_secs(1) && d <= Duration::from_millis(1100),
+                "{d:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The agent's process lifecycle: readiness, the one-mutator lock, and the
+//! SIGTERM drain with a mutation in flight.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use fleet_common::contracts::{Heartbeat, WorkloadSpec};
+use fleet_harness::{poll_until, NatsServer, NatsVersion, Podman};
+use rustix::process::Signal;
+
+fn second_instance_is_refused(v: NatsVersion) {
+    let podman = Podman::new();
+    let nats = NatsServer::start_fleet(v, &["dev1"]);
+    let dev = Device::new("dev1", &Settings::new(vec![nats.url()]), Some(&podman));
+    let first = dev.start(Some(&podman));
+    let mut second = dev.spawn(Some(&podman));
+    let status = second.wait_exit(CONVERGE);
+    assert_eq!(status.code(), Some(20), "{}", second.log());
+    let expected = format!(
+        "another fleet-agent (pid {}) holds {}",
+        first.pid(),
+        dev.path("run/harmony-fleet/agent.lock").display()
+    );
+    assert!(second.log().contains(&expected), "{}", second.log());
+    assert!(
+        dev.notify
+            .all()
+            .iter()
+            .filter(|m| m.contains("READY=1"))
+            .count()
+            == 1
+    );
+}
+
+#[test]
+fn second_instance_is_refused_2_9() {
+    second_instance_is_refused(NatsVersion::V2_9);
+}
+
+#[test]
+fn second_instance_is_refused_2_14() {
+    second_instance_is_refused(NatsVersion::V2_14);
+}
+
+/// SIGTERM while a replacement is removing a container that ignores
+/// SIGTERM (podman waits its 10 s stop timeout): the agent finishes the
+/// replacement, publishes an acknowledged `stopping` heartbeat with the
+/// drain duration, then STOPPING=1, and exits 0 well within 60 s.
+fn sigterm_during_a_long_mutation(v: NatsVersion) {
+    let podman = Podman::new();
+    let nats = NatsServer::start_fleet(v, &["dev1"]);
+    let admin = nats.admin();
+    put_workload(&admin, "dev1", "web", &sleeper(&podman, "v1"));
+    let dev = Device::new("dev1", &Settings::new(vec![nats.url()]), Some(&podman));
+    let mut agent = dev.start(Some(&podman));
+    let old = wait_running(&podman, "fleet-web", "web running", |_| true);
+
+    let v2 = sleeper(&podman, "v2");
+    let from = agent.line_count();
+    put_workload(&admin, "dev1", "web", &v2);
+    agent.wait_for_line_after(from, "replace web", CONVERGE);
+    let sent = Instant::now();
+    agent.signal(Signal::TERM);
+    let status = agent.wait_exit(Duration::from_secs(60));
+    let took = sent.elapsed();
+    assert!(status.success(), "{status}: {}", agent.log());
+    assert!(took < Duration::from_secs(55), "drain took {took:?}");
+    assert!(
+        agent
+            .log()
+            .contains("waiting for the mutation in flight: replace web"),
+        "{}",
+        agent.log()
+    );
+
+    // The mutation finished: the new container runs.
+    let new = container(&podman, "fleet-web").expect("web exists");
+    assert_ne!(new.id, old.id);
+    assert_eq!(new.state, "running");
+    let v2_hash = WorkloadSpec::from_json(v2.as_bytes())
+        .expect("spec")
+        .spec_hash();
+    assert_eq!(new.spec_hash.as_deref(), Some(v2_hash.as_str()));
+
+    // STOPPING=1 came last, after the acknowledged stopping heartbeat.
+    let notes = dev.notify.all();
+    assert!(
+        notes.last().is_some_and(|m| m.contains("STOPPING=1")),
+        "{notes:?}"
+    );
+    let hb: Heartbeat = status_of(&admin);
+    let stopping = hb.stopping.expect("the last heartbeat says stopping");
+    // Removing the old container alone takes podman's 10 s stop timeout.
+    assert!(stopping.drain_duration_ms >= 5_000, "{stopping:?}");
+    assert!(
+        u128::from(stopping.drain_duration_ms) <= took.as_millis(),
+        "{stopping:?} {took:?}"
+    );
+}
+
+fn status_of(admin: &nats::Connection) -> Heartbeat {
+    status(admin, "dev1", "heartbeat").expect("heartbeat")
+}
+
+#[test]
+fn sigterm_during_a_long_mutation_2_9() {
+    sigterm_during_a_long_mutation(NatsVersion::V2_9);
+}
+
+#[test]
+fn sigterm_during_a_long_mutation_2_14() {
+    sigterm_during_a_long_mutation(NatsVersion::V2_14);
+}
+
+/// An empty device is ready too (the create response says nothing is
+/// pending); an idle SIGTERM drains at once.
+#[test]
+fn empty_device_becomes_ready_and_stops_at_once() {
+    let podman = Podman::new();
+    let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
+    let admin = nats.admin();
+    let dev = Device::new("dev1", &Settings::new(vec![nats.url()]), Some(&podman));
+    let mut agent = dev.start(Some(&podman));
+    assert!(dev
+        .notify
+        .find("READY=1")
+        .expect("ready")
+        .contains("0 workloads desired"));
+    agent.signal(Signal::INT);
+    let status = agent.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{}", agent.log());
+    let hb = status_of(&admin);
+    assert!(hb.stopping.expect("stopping").drain_duration_ms < 5_000);
+}
+
+/// Without a server the agent keeps retrying within its window, and a
+/// SIGTERM then ends it cleanly without READY.
+#[test]
+fn sigterm_while_connecting_exits_cleanly() {
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "nats://127.0.0.1:{}",
+        unused.local_addr().expect("addr").port()
+    );
+    drop(unused);
+    let dev = Device::new(
+        "dev1",
+        &Settings {
+            podman: false,
+            ..Settings::new(vec![url])
+        },
+        None,
+    );
+    let mut agent = dev.spawn(None);
+    agent.wait_for_line("connecting to NATS at", CONVERGE);
+    agent.signal(Signal::TERM);
+    let status = agent.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "{}", agent.log());
+    assert!(dev.notify.find("READY=1").is_none());
+    poll_until("STOPPING=1", Duration::from_secs(5), || {
+        dev.notify.find("STOPPING=1")
+    });
+}
+
+/// Wrong credentials fail at once (no 3-minute retry) with the NATS exit code.
+#[test]
+fn refused_credentials_exit_12() {
+    let nats = NatsServer::start_fleet(NatsVersion::V2_9, &["dev1"]);
+    let mut settings = Settings::new(vec![nats.url()]);
+    settings.podman = false;
+    settings.password = Some("wrong".into());
+    let dev = Device::new("dev1", &settings, None);
+    let mut agent = dev.spawn(None);
+    let status = agent.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(12), "{}", agent.log());
+    assert!(
+        agent.log().contains("refused the agent's credentials"),
+        "{}",
+        agent.log()
+    );
+}
+
+/// A bad config exits 10 naming the key.
+#[test]
+fn bad_config_exits_10_naming_the_key() {
+    let dev = Device::new(
+        "dev1",
+        &Settings {
+            podman: false,
+            ..Settings::new(vec!["nats://127.0.0.1:1".into()])
+        },
+        None,
+    );
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&dev.config).expect("read")).expect("json");
+    cfg["nats"]["auth"]["colour"] = "red".into();
+    std::fs::write(&dev.config, cfg.to_string()).expect("write");
+    let mut agent = dev.spawn(None);
+    let status = agent.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(10));
+    assert!(
+        agent.log().contains("nats.auth.colour: unknown key"),
+        "{}",
+        agent.log()
+    );
+}
