@@ -14,12 +14,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# path-in-root  mode  source (bin:NAME = BIN_DIR/NAME)
+# path-in-root  mode  source (bin:NAME = BIN_DIR/NAME, link:TARGET = a symlink)
 device_files() {
 	cat <<'EOF'
 usr/lib/harmony-fleet/fleet-updater 0755 bin:fleet-updater
+usr/sbin/fleet-updater 0777 link:/usr/lib/harmony-fleet/fleet-updater
 usr/share/harmony-fleet/bootstrap/fleet-agent 0755 bin:fleet-agent
-usr/share/harmony-fleet/device-setup 0755 packaging/scripts/device-setup.sh
 usr/lib/systemd/system/fleet-agent.service 0644 packaging/systemd/fleet-agent.service
 usr/lib/systemd/system/fleet-updater.service 0644 packaging/systemd/fleet-updater.service
 usr/lib/sysusers.d/harmony-fleet.conf 0644 packaging/sysusers.d/harmony-fleet.conf
@@ -52,6 +52,11 @@ stage() {
 	local path mode src from
 	while read -r path mode src; do
 		case $src in
+		link:*)
+			mkdir -p "$(dirname "$root/$path")"
+			ln -sfn "${src#link:}" "$root/$path"
+			continue
+			;;
 		bin:*)
 			from=$bin_dir/${src#bin:}
 			[[ -f $from ]] || { echo "stage.sh: missing $from: build the release binaries first (make release ARCH=...)" >&2; exit 1; }

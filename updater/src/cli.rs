@@ -25,10 +25,10 @@ Usage:
                                       run the daemon (under systemd, as root)
   fleet-updater status [--json] [--root DIR]
                                       show the current or last upgrade
-  fleet-updater setup --agent-binary PATH [--select VERSION] [--config PATH]
-                      [--units-from DIR] [--root DIR]
-                                      device setup (idempotent; the package runs it);
-                                      in rollback-failed, the root repair (REPAIR.md)
+  fleet-updater setup --agent-binary PATH [--config PATH] [--units-from DIR] [--root DIR]
+                                      device setup (idempotent; the package runs it)
+  fleet-updater setup --repair (--agent-binary PATH | --select VERSION)
+                                      the root repair of rollback-failed (REPAIR.md)
   fleet-updater --help | --version
 
 Options:

@@ -3,15 +3,19 @@
 //! again as the root repair of `rollback-failed` (REPAIR.md).
 //!
 //! ```text
-//! fleet-updater setup --agent-binary PATH [--select VERSION] [--config PATH]
-//!                     [--units-from DIR] [--root DIR] [--service-manager systemctl|supervisor]
+//! fleet-updater setup --agent-binary PATH [--config PATH] [--units-from DIR]
+//!                     [--repair] [--select VERSION]
+//!                     [--root DIR] [--service-manager systemctl|supervisor]
 //! ```
 //!
 //! Steps, in order (each leaves the device usable if the next fails):
 //!
 //! 1. the journal: corrupt → refused (REPAIR.md); a non-terminal transaction
 //!    (`preparing`, `activating`, `rolling-back`) → refused, nothing changed;
-//!    `rollback-failed` → this run is a repair (step 9);
+//!    `rollback-failed` → with `--repair` this run is the repair (step 9),
+//!    without it (a package install) every step but the link and the
+//!    quarantine runs, and setup says how to repair; `--repair` on a device
+//!    that is not quarantined is refused;
 //! 2. with `--units-from DIR` (a checkout's `packaging/`): the units,
 //!    sysusers.d and tmpfiles.d files into `/etc` (a package already put
 //!    them in `/usr/lib`);
@@ -30,7 +34,8 @@
 //!    systemd is 254 or newer;
 //! 8. the active link, only when absent or dangling: a link to a working
 //!    agent (one the updater installed later, say) is never moved;
-//! 9. systemd: daemon-reload, enable both units, lingering. In a repair:
+//! 9. systemd: daemon-reload, enable both units, lingering. In a repair
+//!    (REPAIR.md):
 //!    stop the updater, stop the agent, select the agent (`--select VERSION`,
 //!    else the one of `--agent-binary`), start it and wait for `READY=1`;
 //!    only then is the quarantine lifted (the quarantined journal is kept
@@ -98,6 +103,9 @@ pub struct SetupArgs {
     pub units_from: Option<PathBuf>,
     pub root: Option<PathBuf>,
     pub manager: ManagerKind,
+    /// Repair `rollback-failed` (never implied: a package install must not
+    /// lift a quarantine nobody looked at).
+    pub repair: bool,
 }
 
 /// Parses the arguments after `setup`; `Err` is a usage message.
@@ -110,6 +118,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<SetupArgs, Stri
         units_from: None,
         root: None,
         manager: ManagerKind::Systemctl,
+        repair: false,
     };
     while let Some(arg) = args.next() {
         let arg = arg.to_string_lossy().into_owned();
@@ -119,6 +128,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<SetupArgs, Stri
             "--config" => parsed.config = Some(value("--config")?.into()),
             "--units-from" => parsed.units_from = Some(value("--units-from")?.into()),
             "--root" => parsed.root = Some(value("--root")?.into()),
+            "--repair" => parsed.repair = true,
             "--select" => {
                 let v = value("--select")?;
                 let v = v.to_string_lossy();
@@ -185,6 +195,9 @@ pub enum SetupError {
         why: String,
     },
     NeedsSystemd,
+    NothingToRepair {
+        path: PathBuf,
+    },
     Repair {
         agent: PathBuf,
         source: ServiceError,
@@ -247,6 +260,11 @@ impl fmt::Display for SetupError {
                 f,
                 "the updater is in rollback-failed and a repair stops and starts the agent: run setup on the device with systemd running (tests: --service-manager supervisor)"
             ),
+            Self::NothingToRepair { path } => write!(
+                f,
+                "--repair: the updater is not in rollback-failed ({}): nothing to repair; run setup without --repair",
+                path.display()
+            ),
             Self::Repair { agent, source } => write!(
                 f,
                 "repair: {} did not start ({source}); the updater stays in rollback-failed: see journalctl -u {AGENT_UNIT}, then select another agent with --select VERSION or --agent-binary",
@@ -277,11 +295,14 @@ enum Host {
     Offline,
 }
 
-/// What the journal allows.
+/// What the journal and `--repair` allow.
 #[derive(Debug)]
 enum Mode {
     Normal,
-    /// `rollback-failed`: this run is the root repair.
+    /// `rollback-failed` without `--repair` (a package install, say):
+    /// everything but the link and the quarantine, which wait for a person.
+    Quarantined,
+    /// `rollback-failed` with `--repair`: this run is the root repair.
     Repair(Box<Transaction>),
 }
 
@@ -304,7 +325,8 @@ pub fn run(args: &SetupArgs) -> Result<Vec<String>, SetupError> {
         None => Mode::Normal,
         Some(tx) => match tx.phase {
             JournalPhase::Committed | JournalPhase::Failed => Mode::Normal,
-            JournalPhase::RollbackFailed => Mode::Repair(Box::new(tx.clone())),
+            JournalPhase::RollbackFailed if args.repair => Mode::Repair(Box::new(tx.clone())),
+            JournalPhase::RollbackFailed => Mode::Quarantined,
             phase @ (JournalPhase::Preparing
             | JournalPhase::Activating
             | JournalPhase::RollingBack) => {
@@ -315,6 +337,11 @@ pub fn run(args: &SetupArgs) -> Result<Vec<String>, SetupError> {
             }
         },
     };
+    if args.repair && !matches!(mode, Mode::Repair(_)) {
+        return Err(SetupError::NothingToRepair {
+            path: store.path().to_owned(),
+        });
+    }
     if matches!(mode, Mode::Repair(_)) {
         if host == Host::Offline && args.manager == ManagerKind::Systemctl {
             return Err(SetupError::NeedsSystemd);
@@ -392,8 +419,12 @@ pub fn run(args: &SetupArgs) -> Result<Vec<String>, SetupError> {
             why: "no --agent-binary given".to_owned(),
         })?,
     };
-    if matches!(mode, Mode::Normal) {
-        done.push(ensure_link(&layout, &selected)?);
+    match mode {
+        Mode::Normal => done.push(ensure_link(&layout, &selected)?),
+        Mode::Quarantined => done.push(
+            "the updater is quarantined (rollback-failed): the active link and the quarantine are left for a person; follow REPAIR.md, then run `fleet-updater setup --repair --agent-binary PATH` (or `--select VERSION`)".to_owned(),
+        ),
+        Mode::Repair(_) => {}
     }
 
     // 9. systemd.
@@ -412,7 +443,7 @@ pub fn run(args: &SetupArgs) -> Result<Vec<String>, SetupError> {
         Mode::Repair(tx) => {
             done.extend(repair(&layout, host, args.manager, &store, &tx, &selected)?);
         }
-        Mode::Normal if host == Host::Live => {
+        Mode::Normal | Mode::Quarantined if host == Host::Live => {
             systemctl_bounded(&["restart", UPDATER_UNIT], UPDATER_START_TIMEOUT)
                 .map_err(SetupError::UpdaterStart)?;
             done.push(format!("{UPDATER_UNIT} restarted"));
@@ -427,7 +458,7 @@ pub fn run(args: &SetupArgs) -> Result<Vec<String>, SetupError> {
                 ));
             }
         }
-        Mode::Normal => {}
+        Mode::Normal | Mode::Quarantined => {}
     }
     Ok(done)
 }
@@ -974,8 +1005,10 @@ mod tests {
             "/r",
             "--service-manager",
             "supervisor",
+            "--repair",
         ])
         .expect("valid");
+        assert!(a.repair);
         assert_eq!(a.agent_binary.as_deref(), Some(Path::new("/b")));
         assert_eq!(a.select, Some(Version::parse("1.2.3").expect("v")));
         assert_eq!(a.config.as_deref(), Some(Path::new("/c.json")));

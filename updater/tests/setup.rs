@@ -236,6 +236,47 @@ fn quarantined(ca: &TestCa, installed: &[StandIn]) -> Device {
 }
 
 #[test]
+fn without_repair_a_quarantined_device_keeps_its_link_and_quarantine() {
+    let ca = TestCa::new();
+    let device = quarantined(&ca, &[StandIn::good("1.3.2")]);
+    let before = std::fs::read(device.layout.journal()).expect("journal");
+    let agent = bin_path("fleet-agent");
+    // A package install runs setup without --repair: it succeeds, says how
+    // to repair, and moves nothing.
+    let out = setup(
+        device.root(),
+        &["--agent-binary", agent.to_str().expect("utf-8")],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("the updater is quarantined (rollback-failed)"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(device.active(), device.binary("1.4.0"));
+    assert_eq!(
+        std::fs::read(device.layout.journal()).expect("journal"),
+        before
+    );
+
+    // --repair where there is nothing to repair is refused.
+    let fresh = base_root();
+    let out = setup(
+        fresh.path(),
+        &["--repair", "--agent-binary", agent.to_str().expect("utf-8")],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("--repair: the updater is not in rollback-failed"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        std::fs::symlink_metadata(Layout::with_root(fresh.path()).active_agent_link()).is_err()
+    );
+}
+
+#[test]
 fn the_repair_lifts_the_quarantine_once_the_selected_agent_is_ready() {
     let ca = TestCa::new();
     let device = quarantined(&ca, &[StandIn::good("1.3.2")]);
@@ -243,7 +284,13 @@ fn the_repair_lifts_the_quarantine_once_the_selected_agent_is_ready() {
 
     let out = setup(
         device.root(),
-        &["--select", "1.3.2", "--service-manager", "supervisor"],
+        &[
+            "--repair",
+            "--select",
+            "1.3.2",
+            "--service-manager",
+            "supervisor",
+        ],
     );
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("quarantine lifted"), "{}", text(&out));
@@ -309,7 +356,13 @@ fn a_repair_whose_agent_does_not_start_keeps_the_quarantine() {
     let before = std::fs::read(device.layout.journal()).expect("journal");
     let out = setup(
         device.root(),
-        &["--select", "1.3.2", "--service-manager", "supervisor"],
+        &[
+            "--repair",
+            "--select",
+            "1.3.2",
+            "--service-manager",
+            "supervisor",
+        ],
     );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
@@ -334,7 +387,7 @@ fn a_repair_whose_agent_does_not_start_keeps_the_quarantine() {
     );
 
     // Under --root without a supervisor there is no systemd to repair with.
-    let out = setup(device.root(), &["--select", "1.3.2"]);
+    let out = setup(device.root(), &["--repair", "--select", "1.3.2"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out).contains("run setup on the device with systemd running"),
@@ -344,7 +397,13 @@ fn a_repair_whose_agent_does_not_start_keeps_the_quarantine() {
     // An unknown version is named.
     let out = setup(
         device.root(),
-        &["--select", "7.7.7", "--service-manager", "supervisor"],
+        &[
+            "--repair",
+            "--select",
+            "7.7.7",
+            "--service-manager",
+            "supervisor",
+        ],
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(
