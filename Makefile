@@ -20,6 +20,9 @@ export AR_aarch64_unknown_linux_gnu := aarch64-linux-gnu-ar
 export CC_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-gcc
 export AR_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-ar
 
+# Agent versions `make test-agents` builds (fleet_harness::TEST_AGENT_VERSIONS).
+TEST_AGENT_VERSIONS := 9.9.9
+
 # `make install`: DESTDIR stages, PREFIX places the operator CLI (fleetctl).
 # The device files keep the fixed paths of DESIGN.md "On the device" whatever
 # PREFIX says: the units, the updater and the active link name them.
@@ -27,7 +30,7 @@ DESTDIR ?=
 PREFIX ?= /usr/local
 
 .PHONY: all help deps lint build test test-unit demo bench clean \
-	release deb rpm packages packages-for-test install install-files uninstall
+	release deb rpm packages packages-for-test test-agents install install-files uninstall
 
 all: build
 
@@ -74,8 +77,15 @@ rpm: release
 packages:
 	for a in $(ARCHES); do $(MAKE) --no-print-directory deb rpm ARCH=$$a || exit 1; done
 
-## packages-for-test: what tests/packaging checks (every ARCH: packages, release binaries).
-packages-for-test: packages
+## test-agents: agents reporting other versions (FLEET_AGENT_VERSION), for real upgrades in tests.
+test-agents:
+	for v in $(TEST_AGENT_VERSIONS); do \
+		FLEET_AGENT_VERSION=$$v CARGO_TARGET_DIR=$(TARGET_DIR)/test-agents $(CARGO) build -p fleet-agent || exit 1; \
+		install -s -m 0755 $(TARGET_DIR)/test-agents/debug/fleet-agent $(TARGET_DIR)/test-agents/fleet-agent-$$v || exit 1; \
+	done
+
+## packages-for-test: what the packaging and device tests use (every ARCH's packages, test agents).
+packages-for-test: packages test-agents
 
 ## install: build, then the device files (fixed paths) and fleetctl (PREFIX) into DESTDIR; then run device setup.
 install: release install-files
@@ -85,7 +95,7 @@ install-files:
 	scripts/stage.sh device "$(DESTDIR)" $(BIN_DIR)
 	scripts/stage.sh fleetctl "$(DESTDIR)" $(BIN_DIR) $(PREFIX)
 	@if [ -z "$(DESTDIR)" ]; then \
-		echo "Now run device setup (as root): /usr/share/harmony-fleet/device-setup /usr/share/harmony-fleet/bootstrap/fleet-agent"; \
+		echo "Now run device setup (as root): fleet-updater setup --agent-binary /usr/share/harmony-fleet/bootstrap/fleet-agent"; \
 	fi
 
 ## uninstall: remove what install put there (not state, installed agent versions or the active link).

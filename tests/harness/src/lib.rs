@@ -9,6 +9,7 @@
 //! its temp dirs. Ports are random, nothing is global but `OnceLock` caches,
 //! so tests run in parallel threads.
 
+mod builds;
 mod https;
 mod isolation;
 mod nats;
@@ -21,6 +22,9 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use builds::{
+    device_deb, packages_dir, target_dir, test_agent, workspace_version, TEST_AGENT_VERSIONS,
+};
 pub use https::{
     Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
 };
@@ -32,7 +36,8 @@ pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
 pub use registry::{FrontAuth, Registry, RegistryFront, FRONT_SERVICE};
 pub use systemd::{
-    apt_mirror, cache_dir, ExecOutput, SystemdContainer, EXEC_TIMEOUT, SYSTEMD_IMAGE_REPO,
+    apt_mirror, cache_dir, AgentSettings, ExecOutput, SystemdContainer, EXEC_TIMEOUT,
+    SYSTEMD_IMAGE_REPO,
 };
 
 /// How often [`poll_until`] checks its condition.

@@ -103,6 +103,34 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE_DIR))
 }
 
+/// The agent's side of a device in the container: who it is, its NATS
+/// server (the host's loopback), and whether it runs rootless Podman
+/// (nested Podman works in this container).
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub device_id: String,
+    pub nats_url: String,
+    pub password: String,
+    pub podman: bool,
+}
+
+impl AgentSettings {
+    /// Device `id` of a fleet-layout [`crate::NatsServer`] (password
+    /// `<id>-pw`), Podman enabled.
+    pub fn for_fleet_server(id: &str, server: &crate::NatsServer) -> Self {
+        Self {
+            device_id: id.to_owned(),
+            nats_url: server.url(),
+            password: crate::device_password(id),
+            podman: true,
+        }
+    }
+}
+
+/// Where [`SystemdContainer::configure_agent`] writes.
+const AGENT_CONFIG: &str = "/etc/harmony-fleet/agent.json";
+const NATS_PASSWORD_FILE: &str = "/etc/harmony-fleet/nats-password";
+
 /// What one command in the container left.
 #[derive(Debug, Clone)]
 pub struct ExecOutput {
@@ -578,6 +606,34 @@ impl SystemdContainer {
             );
         }
         text
+    }
+
+    /// Installs this build's device package ([`crate::device_deb`]).
+    pub fn install_device(&self) -> String {
+        self.install_deb(&crate::device_deb())
+    }
+
+    /// Writes the agent's config for `agent` (and its NATS password file,
+    /// root:fleet-agent 0640, like the config): run after the package is
+    /// installed (the group must exist). Does not start the agent.
+    pub fn configure_agent(&self, agent: &AgentSettings) {
+        self.write_file(NATS_PASSWORD_FILE, agent.password.as_bytes(), 0o640);
+        self.exec_ok(&["chgrp", "fleet-agent", NATS_PASSWORD_FILE]);
+        let config = serde_json::json!({
+            "device-id": agent.device_id,
+            "nats": {
+                "servers": [agent.nats_url],
+                "auth": {
+                    "method": "user-password",
+                    "user": agent.device_id,
+                    "password-file": NATS_PASSWORD_FILE,
+                },
+            },
+            "podman": {"enabled": agent.podman},
+        });
+        let text = serde_json::to_string_pretty(&config).unwrap_or_default();
+        self.write_file(AGENT_CONFIG, text.as_bytes(), 0o640);
+        self.exec_ok(&["chgrp", "fleet-agent", AGENT_CONFIG]);
     }
 
     /// The unit's `ActiveState` (`active`, `activating`, `failed`, ...).
