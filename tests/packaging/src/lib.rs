@@ -65,42 +65,7 @@ impl Arch {
     }
 }
 
-/// The workspace version (`[workspace.package] version`), the packages'.
-pub fn workspace_version() -> String {
-    let text = std::fs::read_to_string(workspace_root().join("Cargo.toml"))
-        .unwrap_or_else(|e| panic!("cannot read the workspace Cargo.toml: {e}"));
-    let mut in_section = false;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with('[') {
-            in_section = line == "[workspace.package]";
-            continue;
-        }
-        if let Some(v) = in_section
-            .then(|| line.strip_prefix("version"))
-            .flatten()
-            .and_then(|rest| rest.trim().strip_prefix('='))
-        {
-            return v.trim().trim_matches('"').to_owned();
-        }
-    }
-    panic!("no version in [workspace.package] of the workspace Cargo.toml");
-}
-
-/// `<target>/packages`, where `make deb`/`make rpm` put packages.
-pub fn packages_dir() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .map(|t| {
-            if t.is_absolute() {
-                t
-            } else {
-                workspace_root().join(t)
-            }
-        })
-        .unwrap_or_else(|| workspace_root().join("target"));
-    target.join("packages")
-}
+pub use fleet_harness::{packages_dir, workspace_version};
 
 /// Which package.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +150,8 @@ pub struct Entry {
     pub group: String,
     /// Absolute, without a trailing slash.
     pub path: String,
+    /// A symlink's target.
+    pub link: Option<String>,
 }
 
 /// `dpkg-deb -c`: `drwxr-xr-x root/root 0 2026-11-29 14:39 ./usr/`.
@@ -197,6 +164,7 @@ pub fn deb_entries(deb: &Path) -> Vec<Entry> {
             assert!(f.len() >= 6, "unexpected dpkg-deb -c line {l:?}");
             let (owner, group) = f[1].split_once('/').unwrap_or((f[1], ""));
             let path = f[5].trim_start_matches('.').trim_end_matches('/');
+            let link = (f.len() >= 8 && f[6] == "->").then(|| f[7].to_owned());
             Entry {
                 kind: f[0].chars().next().unwrap_or('?'),
                 mode: parse_mode(f[0]),
@@ -207,6 +175,7 @@ pub fn deb_entries(deb: &Path) -> Vec<Entry> {
                 } else {
                     path.to_owned()
                 },
+                link,
             }
         })
         .collect()
@@ -226,6 +195,7 @@ pub fn rpm_entries(rpm: &Path) -> Vec<Entry> {
                 owner: f[2].to_owned(),
                 group: f[3].to_owned(),
                 path: f[8].to_owned(),
+                link: (f.len() >= 11 && f[9] == "->").then(|| f[10].to_owned()),
             }
         })
         .collect()

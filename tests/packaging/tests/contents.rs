@@ -16,7 +16,6 @@ use fleet_packaging_tests::{
 const DEVICE_FILES: &[(&str, u32)] = &[
     ("/usr/lib/harmony-fleet/fleet-updater", 0o755),
     ("/usr/share/harmony-fleet/bootstrap/fleet-agent", 0o755),
-    ("/usr/share/harmony-fleet/device-setup", 0o755),
     ("/usr/lib/systemd/system/fleet-agent.service", 0o644),
     ("/usr/lib/systemd/system/fleet-updater.service", 0o644),
     ("/usr/lib/sysusers.d/harmony-fleet.conf", 0o644),
@@ -26,13 +25,23 @@ const DEVICE_FILES: &[(&str, u32)] = &[
     ("/usr/share/doc/harmony-fleet/copyright", 0o644),
 ];
 
+/// What postinst and %post run: device setup, never `--repair`.
+const SETUP_LINE: &str =
+    "/usr/lib/harmony-fleet/fleet-updater setup --agent-binary /usr/share/harmony-fleet/bootstrap/fleet-agent\n";
+
 const FLEETCTL_FILES: &[(&str, u32)] = &[
     ("/usr/bin/fleetctl", 0o755),
     ("/usr/share/doc/harmony-fleetctl/copyright", 0o644),
 ];
 
+/// The device package's symlinks: path → target.
+const DEVICE_LINKS: &[(&str, &str)] = &[(
+    "/usr/sbin/fleet-updater",
+    "/usr/lib/harmony-fleet/fleet-updater",
+)];
+
 /// Files (not directories) by path → mode; every entry owned root:root and
-/// every directory 0755.
+/// every directory 0755; symlinks are checked by `links`.
 fn files(entries: &[Entry], what: &str) -> BTreeMap<String, u32> {
     let mut files = BTreeMap::new();
     for e in entries {
@@ -53,6 +62,14 @@ fn files(entries: &[Entry], what: &str) -> BTreeMap<String, u32> {
             '-' => {
                 files.insert(e.path.clone(), e.mode);
             }
+            'l' => assert!(
+                DEVICE_LINKS
+                    .iter()
+                    .any(|(p, t)| *p == e.path && Some(*t) == e.link.as_deref()),
+                "{what}: unexpected symlink {} -> {:?}",
+                e.path,
+                e.link
+            ),
             other => panic!("{what}: unexpected entry type {other:?} for {}", e.path),
         }
     }
@@ -110,12 +127,7 @@ fn deb_maintainer_scripts_run_setup_and_stop_only_on_removal() {
         std::fs::read_to_string(&p).expect("read script")
     };
     let postinst = read("postinst");
-    assert!(
-        postinst.contains(
-            "/usr/share/harmony-fleet/device-setup /usr/share/harmony-fleet/bootstrap/fleet-agent"
-        ),
-        "{postinst}"
-    );
+    assert!(postinst.contains(SETUP_LINE), "{postinst}");
     let prerm = read("prerm");
     let remove_arm = prerm
         .split("remove | deconfigure)")
@@ -191,10 +203,7 @@ fn rpm_device_packages_ship_the_same_layout_and_scriptlets() {
         assert!(requires.contains("systemd >= 247"), "{what}: {requires}");
         assert!(requires.contains("libc.so.6"), "{what}: {requires}");
         let scripts = rpm_flag(&path, "--scripts");
-        assert!(
-            scripts.contains("/usr/share/harmony-fleet/device-setup /usr/share/harmony-fleet/bootstrap/fleet-agent"),
-            "{what}: {scripts}"
-        );
+        assert!(scripts.contains(SETUP_LINE), "{what}: {scripts}");
         let preun = scripts
             .split("preuninstall scriptlet")
             .nth(1)

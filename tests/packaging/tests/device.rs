@@ -12,7 +12,7 @@ use fleet_harness::{workspace_root, SystemdContainer};
 use fleet_packaging_tests::{build_package, deb, workspace_version, Arch, Role};
 
 const UNIT_TIMEOUT: Duration = Duration::from_secs(60);
-const SETUP: &str = "/usr/share/harmony-fleet/device-setup";
+const UPDATER: &str = "/usr/lib/harmony-fleet/fleet-updater";
 const BOOTSTRAP: &str = "/usr/share/harmony-fleet/bootstrap/fleet-agent";
 const LINK: &str = "/usr/local/bin/fleet-agent";
 
@@ -164,7 +164,7 @@ fn installing_the_deb_sets_up_the_device() {
 
     // Setup again changes nothing: no second id range, the same link.
     let subuid = c.read_file("/etc/subuid");
-    let again = c.exec_ok(&[SETUP, BOOTSTRAP]);
+    let again = c.exec_ok(&[UPDATER, "setup", "--agent-binary", BOOTSTRAP]);
     assert!(again.contains("active agent kept"), "{again}");
     assert_eq!(c.read_file("/etc/subuid"), subuid);
     assert_eq!(readlink(&c), versioned(&v));
@@ -363,7 +363,7 @@ fn setup_refuses_while_an_upgrade_is_in_progress() {
     );
     c.exec_ok(&["rm", LINK]);
 
-    let out = c.exec(&[SETUP, BOOTSTRAP]);
+    let out = c.exec(&[UPDATER, "setup", "--agent-binary", BOOTSTRAP]);
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(
         out.stderr

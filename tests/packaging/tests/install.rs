@@ -64,7 +64,7 @@ fn install_honours_destdir_and_prefix_and_uninstall_takes_it_back() {
         ("/usr/share/doc/harmony-fleet/REPAIR.md", 0o644),
         ("/usr/share/doc/harmony-fleet/copyright", 0o644),
         ("/usr/share/harmony-fleet/bootstrap/fleet-agent", 0o755),
-        ("/usr/share/harmony-fleet/device-setup", 0o755),
+        ("/usr/sbin/fleet-updater", 0o777),
     ]
     .iter()
     .map(|(p, m)| ((*p).to_owned(), *m))
