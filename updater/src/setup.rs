@@ -41,7 +41,8 @@
 //!    only then is the quarantine lifted (the quarantined journal is kept
 //!    beside it as `journal.json.repaired-<time>`, the attempt stays in
 //!    `finished`, so its UUID is still refused with other content); the
-//!    updater is started again either way. Otherwise: restart the updater,
+//!    updater is restarted either way (starting the agent pulls it in early,
+//!    with the old journal). Otherwise: restart the updater,
 //!    and start the agent when its config exists.
 //!
 //! `--root DIR` prefixes every path (tests, image builds); systemd is then
@@ -537,10 +538,12 @@ fn repair(
     };
     if host == Host::Live {
         // Quarantined or not, the updater runs again: status stays readable.
-        updater
-            .start(UPDATER_START_TIMEOUT)
-            .map_err(|e| SetupError::UpdaterStart(e.to_string()))?;
-        done.push(format!("{UPDATER_UNIT} started"));
+        // A restart, not a start: starting the agent pulled the updater in
+        // (the agent unit wants it), and that one read the journal before
+        // the quarantine was lifted.
+        systemctl_bounded(&["restart", UPDATER_UNIT], UPDATER_START_TIMEOUT)
+            .map_err(SetupError::UpdaterStart)?;
+        done.push(format!("{UPDATER_UNIT} restarted"));
     }
     outcome.map(|()| done)
 }

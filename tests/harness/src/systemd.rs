@@ -41,7 +41,8 @@ const SUITE: &str = "bookworm";
 const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 /// Packages on top of minbase: systemd as init, the rootless Podman stack
 /// the agent uses (`podman`, `uidmap`, `slirp4netns`, `fuse-overlayfs`, a
-/// user bus for the lingering user manager), and `procps` for tests.
+/// user bus for the lingering user manager), `procps` and `socat` for
+/// tests.
 const INCLUDE: &[&str] = &[
     "systemd",
     "systemd-sysv",
@@ -59,6 +60,8 @@ const INCLUDE: &[&str] = &[
     "slirp4netns",
     "fuse-overlayfs",
     "procps",
+    // A client for the local sockets (the updater's, the agent's).
+    "socat",
 ];
 /// Files added to the rootfs before the import: (path, mode, content).
 const EXTRA_FILES: &[(&str, u32, &str)] = &[
@@ -354,6 +357,22 @@ impl SharedPodman {
             IMPORT_TIMEOUT,
         )
         .unwrap_or_else(|e| panic!("podman import {}: {e}", self.image));
+        // Images of older recipes are dead weight (one in use by a running
+        // container of another process stays: rmi refuses it).
+        if let Ok(list) = self.try_run(
+            &[
+                "images",
+                "--format",
+                "{{.Repository}}:{{.Tag}}",
+                "--filter",
+                &format!("reference={SYSTEMD_IMAGE_REPO}"),
+            ],
+            PODMAN_TIMEOUT,
+        ) {
+            for old in list.lines().map(str::trim).filter(|i| *i != self.image) {
+                let _ = self.try_run(&["rmi", old], PODMAN_TIMEOUT);
+            }
+        }
         eprintln!(
             "harness: built {} in {:.0?} (cached in {})",
             self.image,
@@ -793,6 +812,50 @@ impl SystemdContainer {
             )
             .unwrap_or_else(|e| panic!("podman stop {}: {e}", self.name));
         self.start();
+    }
+
+    /// Sends one request line to the local socket at `path` in the
+    /// container, as `user` with its groups (the sockets admit by peer
+    /// credentials, and a peer outside the container's PID namespace has
+    /// none they can read), and returns the response line.
+    pub fn socket_request(
+        &self,
+        user: &str,
+        path: &str,
+        request: &str,
+        timeout: Duration,
+    ) -> String {
+        // socat: stdin to the socket; after stdin's end, up to `timeout`
+        // for the answer (an upgrade is answered after its probe).
+        let script = format!(
+            "printf '%s\\n' \"$1\" | exec setpriv --reuid={user} --regid={user} --init-groups \
+             socat -t {secs} - UNIX-CONNECT:{path}",
+            secs = timeout.as_secs().max(1)
+        );
+        let out = self.exec_with_timeout(
+            &["sh", "-c", &script, "sh", request],
+            timeout + Duration::from_secs(10),
+        );
+        if !out.success() {
+            panic!("{}: request to {path} as {user} failed: {out:?}", self.name);
+        }
+        out.stdout
+    }
+
+    /// `path` of the running container as the host reaches it, through
+    /// `/proc/<its PID 1>/root`: a test can, say, connect to the updater
+    /// socket in the container's /run (as root, whom the updater admits).
+    pub fn host_path(&self, path: &str) -> PathBuf {
+        let pid = SharedPodman::get()
+            .run(&["inspect", "--format", "{{.State.Pid}}", &self.name])
+            .trim()
+            .to_owned();
+        assert!(
+            pid.parse::<u32>().is_ok_and(|p| p > 0),
+            "{}: no PID 1 ({pid:?}): is it running?",
+            self.name
+        );
+        PathBuf::from(format!("/proc/{pid}/root")).join(path.trim_start_matches('/'))
     }
 
     /// Podman's state of the container (`running`, `exited`, ...).

@@ -1,13 +1,17 @@
 //! The installed device in a fleet, end to end on a booted Debian 12: both
 //! services reach READY, the agent on the host's nats-server with rootless
-//! Podman nested; an operator's upgrade to 9.9.9, served over HTTPS from the
-//! host, goes through the installed updater; a package upgrade afterwards
+//! Podman nested; an upgrade to 9.9.9, served over HTTPS from the host, goes
+//! through the installed updater under systemd; a package upgrade afterwards
 //! keeps the agent the updater installed (the link is not moved, the agent
 //! not restarted).
 
 use std::time::Duration;
 
-use fleet_common::contracts::{AgentUpgradeAttempt, DeviceInfo, UpgradePhase, UpgradeStatus};
+use fleet_common::contracts::{
+    AgentUpgradeAttempt, DeviceInfo, Response, UpdaterReply, UpdaterRequest, UpgradePhase,
+    UpgradeStatus,
+};
+use fleet_common::limits::SOCKET_STATUS_RESPONSE_TIMEOUT;
 use fleet_common::subjects::{intent_key, status_key, StatusKey, BUCKET_CONTROL, BUCKET_STATUS};
 use fleet_common::validate::{
     Arch as AgentArch, ArtifactUrl, AttemptUuid, DeviceId, MaxBytes, Sha256Hex, Version,
@@ -110,21 +114,59 @@ fn the_device_joins_the_fleet_upgrades_and_a_package_upgrade_keeps_the_upgrade()
         target_version: Version::parse(NEXT_AGENT).expect("version"),
         uuid: AttemptUuid::new_random(),
     };
+    // The agent on main does not forward NATS intents yet (upgrade
+    // forwarding lands separately): the test forwards the attempt itself,
+    // over the updater socket as the agent would (as fleet-agent).
     kv(&admin, BUCKET_CONTROL)
         .put(
             &intent_key(&attempt.device_id),
             serde_json::to_vec(&attempt).expect("json"),
         )
         .expect("put the attempt");
-    let done: UpgradeStatus = poll_until("the upgrade to complete", UPGRADE_TIMEOUT, || {
-        status::<UpgradeStatus>(&admin, StatusKey::Upgrade).filter(|s| {
+    let request = |r: &UpdaterRequest, timeout| -> Response<UpdaterReply> {
+        let line = c.socket_request(
+            "fleet-agent",
+            "/run/harmony-fleet/updater.sock",
+            &serde_json::to_string(r).expect("json"),
+            timeout,
+        );
+        Response::from_slice(line.as_bytes()).unwrap_or_else(|e| panic!("answer {line:?}: {e}"))
+    };
+    let answer = request(
+        &UpdaterRequest::Upgrade {
+            attempt: attempt.clone(),
+        },
+        UPGRADE_TIMEOUT,
+    );
+    assert!(
+        matches!(answer, Response::Ok(_)),
+        "{answer:?}\n{}",
+        c.journal("fleet-updater.service")
+    );
+    let deadline = std::time::Instant::now() + UPGRADE_TIMEOUT;
+    let done: UpgradeStatus = loop {
+        let seen = match request(&UpdaterRequest::Status {}, SOCKET_STATUS_RESPONSE_TIMEOUT) {
+            Response::Ok(r) => r.status,
+            Response::Err(_) => None,
+        };
+        if let Some(s) = seen.as_ref().filter(|s| {
             s.attempt_uuid == attempt.uuid
                 && matches!(
                     s.phase,
                     UpgradePhase::Complete | UpgradePhase::Failed | UpgradePhase::RollbackFailed
                 )
-        })
-    });
+        }) {
+            break s.clone();
+        }
+        if std::time::Instant::now() >= deadline {
+            panic!(
+                "the upgrade did not finish within {UPGRADE_TIMEOUT:?}; last status {seen:?}\nupdater:\n{}\nagent:\n{}",
+                c.journal("fleet-updater.service"),
+                c.journal("fleet-agent.service")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert_eq!(
         done.phase,
         UpgradePhase::Complete,
@@ -165,4 +207,93 @@ fn the_device_joins_the_fleet_upgrades_and_a_package_upgrade_keeps_the_upgrade()
         "-x",
         &format!("/usr/lib/harmony-fleet/fleet-agent-v{v}"),
     ]);
+}
+
+#[test]
+fn setup_repair_brings_a_quarantined_device_back_only_with_an_agent_that_starts() {
+    let nats = NatsServer::start_fleet(NatsVersion::V2_9, &[DEVICE]);
+    let v = workspace_version();
+    let c = SystemdContainer::boot();
+    c.install_device();
+    c.configure_agent(&AgentSettings::for_fleet_server(DEVICE, &nats));
+    let start = c.exec_with_timeout(
+        &["systemctl", "start", "fleet-agent.service"],
+        READY_TIMEOUT,
+    );
+    assert!(
+        start.success(),
+        "{start:?}\n{}",
+        c.journal("fleet-agent.service")
+    );
+
+    // What a failed rollback leaves: the link on a candidate that cannot
+    // run, the agent down, the journal in rollback-failed (fleet-common's
+    // golden journal, its previous binary the installed agent).
+    let previous = format!("/usr/lib/harmony-fleet/fleet-agent-v{v}");
+    let broken = "/usr/lib/harmony-fleet/fleet-agent-v1.4.0";
+    c.exec_ok(&[
+        "systemctl",
+        "stop",
+        "fleet-updater.service",
+        "fleet-agent.service",
+    ]);
+    c.write_file(broken, b"#!/bin/sh\nexit 1\n", 0o755);
+    c.sh(&format!("ln -s {broken} {LINK}.x && mv -T {LINK}.x {LINK}"));
+    let golden = std::fs::read_to_string(
+        fleet_harness::workspace_root().join("common/tests/golden/journal.json"),
+    )
+    .expect("golden journal")
+    .replace("/usr/lib/harmony-fleet/fleet-agent-v1.3.2", &previous)
+    .replacen(
+        "\"phase\": \"rolling-back\"",
+        "\"phase\": \"rollback-failed\"",
+        1,
+    );
+    c.write_file(
+        "/var/lib/harmony-fleet/updater/journal.json",
+        golden.as_bytes(),
+        0o600,
+    );
+    c.exec_ok(&["systemctl", "start", "fleet-updater.service"]);
+    let quarantined = || c.exec_ok(&["fleet-updater", "status"]);
+    assert!(
+        quarantined().contains("rollback-failed"),
+        "{}",
+        quarantined()
+    );
+
+    // A repair with an agent that does not start keeps the quarantine, and
+    // the updater runs again.
+    let failed = c.exec(&["fleet-updater", "setup", "--repair", "--select", "1.4.0"]);
+    assert_eq!(failed.code, Some(1), "{failed:?}");
+    assert!(failed.stderr.contains("did not start"), "{failed:?}");
+    c.wait_active("fleet-updater.service", READY_TIMEOUT);
+    assert!(
+        quarantined().contains("rollback-failed"),
+        "{}",
+        quarantined()
+    );
+
+    // With the previous agent: it starts (READY under systemd), then the
+    // quarantine is lifted.
+    let repaired = c.exec_with_timeout(
+        &["fleet-updater", "setup", "--repair", "--select", &v],
+        READY_TIMEOUT,
+    );
+    assert!(
+        repaired.success(),
+        "{repaired:?}\n{}",
+        c.journal("fleet-agent.service")
+    );
+    assert!(
+        repaired.stdout.contains("quarantine lifted"),
+        "{repaired:?}"
+    );
+    assert_eq!(readlink(&c), previous);
+    assert_eq!(c.active_state("fleet-agent.service"), "active");
+    assert_eq!(running_agent(&c), previous);
+    c.wait_active("fleet-updater.service", READY_TIMEOUT);
+    let after = quarantined();
+    assert!(!after.contains("rollback-failed"), "{after}");
+    c.sh("ls /var/lib/harmony-fleet/updater/journal.json.repaired-*");
 }
