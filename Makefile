@@ -30,7 +30,7 @@ DESTDIR ?=
 PREFIX ?= /usr/local
 
 .PHONY: all help deps lint build test test-unit demo bench clean \
-	release deb rpm packages packages-for-test test-agents install install-files uninstall
+	release device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
 
 all: build
 
@@ -63,6 +63,12 @@ demo: deps build
 release:
 	$(CARGO) build --release --target $(TRIPLE) -p fleet-agent -p fleet-updater -p fleetctl
 
+## device-packages: only harmony-fleet (.deb and .rpm) for ARCH, without building fleetctl.
+device-packages:
+	$(CARGO) build --release --target $(TRIPLE) -p fleet-agent -p fleet-updater
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh deb device $(ARCH)
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh rpm device $(ARCH)
+
 ## deb: harmony-fleet (device) and harmony-fleetctl .deb for ARCH, in target/packages/.
 deb: release
 	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh deb device $(ARCH)
@@ -84,8 +90,11 @@ test-agents:
 		install -s -m 0755 $(TARGET_DIR)/test-agents/debug/fleet-agent $(TARGET_DIR)/test-agents/fleet-agent-$$v || exit 1; \
 	done
 
-## packages-for-test: what the packaging and device tests use (every ARCH's packages, test agents).
-packages-for-test: packages test-agents
+## packages-for-test: what the tests use: amd64 packages, the ARM device packages (fleetctl's
+## ARM builds, ~45 s each, are left to `make packages`), test agents.
+packages-for-test: test-agents
+	$(MAKE) --no-print-directory deb rpm ARCH=amd64
+	for a in arm64 armhf; do $(MAKE) --no-print-directory device-packages ARCH=$$a || exit 1; done
 
 ## install: build, then the device files (fixed paths) and fleetctl (PREFIX) into DESTDIR; then run device setup.
 install: release install-files

@@ -45,10 +45,12 @@
 //!    with the old journal). Otherwise: restart the updater,
 //!    and start the agent when its config exists.
 //!
-//! `--root DIR` prefixes every path (tests, image builds); systemd is then
-//! not touched except in a repair under `--service-manager supervisor`
-//! (tests), and users and directories are created only when their
-//! sysusers.d/tmpfiles.d files are under DIR.
+//! `--root DIR` prefixes every path (tests, image builds). Without a running
+//! systemd (a root prefix, a chroot) the units are enabled offline
+//! (`systemctl --root`) when they are installed under the root, nothing is
+//! started, a repair needs `--service-manager supervisor` (tests), and users
+//! and directories are created only when their sysusers.d/tmpfiles.d files
+//! are under the root.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -439,6 +441,13 @@ pub fn run(args: &SetupArgs) -> Result<Vec<String>, SetupError> {
             }
         }
         done.push(format!("{UPDATER_UNIT} and {AGENT_UNIT} enabled"));
+    } else if units_present(&layout) {
+        // An image build or a root prefix: systemctl enables offline.
+        let root_arg = format!("--root={}", layout.root().display());
+        systemctl(&[&root_arg, "enable", UPDATER_UNIT, AGENT_UNIT])?;
+        done.push(format!(
+            "{UPDATER_UNIT} and {AGENT_UNIT} enabled (offline: they start at the next boot)"
+        ));
     }
     match mode {
         Mode::Repair(tx) => {
@@ -654,6 +663,19 @@ fn sysusers_and_tmpfiles(layout: &Layout, host: Host) -> Result<Option<String>, 
     Ok(Some(format!(
         "users ({AGENT_USER}, groups {AGENT_GROUP}, fleet-control) and directories"
     )))
+}
+
+/// Whether both units are installed under the layout's root.
+fn units_present(layout: &Layout) -> bool {
+    [AGENT_UNIT, UPDATER_UNIT].iter().all(|unit| {
+        [
+            "etc/systemd/system",
+            "usr/lib/systemd/system",
+            "lib/systemd/system",
+        ]
+        .iter()
+        .any(|d| layout.root().join(d).join(unit).is_file())
+    })
 }
 
 /// `name`'s uid and gid in the root's `/etc/passwd`.

@@ -122,6 +122,13 @@ fn a_device_is_set_up_from_a_checkout_and_again_without_change() {
     }
     for unit in ["fleet-agent.service", "fleet-updater.service"] {
         assert!(layout.unit_dir().join(unit).is_file(), "{unit}");
+        // Enabled offline: WantedBy=multi-user.target.
+        let wants = layout.unit_dir().join("multi-user.target.wants").join(unit);
+        assert!(
+            std::fs::symlink_metadata(&wants).is_ok(),
+            "{} missing",
+            wants.display()
+        );
     }
     for f in ["etc/subuid", "etc/subgid"] {
         assert_eq!(
