@@ -490,4 +490,85 @@ mod tests {
             CasOutcome::Failed("no leader (code 503)".into())
         );
     }
+
+    /// The compare-and-set refusal a losing writer meets, on both servers.
+    #[test]
+    fn a_write_over_a_moved_key_is_a_conflict_and_nothing_is_written() {
+        for v in fleet_harness::NatsVersion::all() {
+            let server = fleet_harness::NatsServer::start_fleet(v, &[]);
+            let conn = server.admin();
+            let key = |i: usize| format!("dev{i}.agent-upgrade-intent");
+            let writes: Vec<CasWrite> = (0..3000)
+                .map(|i| CasWrite {
+                    key: key(i),
+                    value: format!("first {i}").into_bytes(),
+                    expected_seq: 0,
+                })
+                .collect();
+            let first = cas_put_all(&conn, "fleet-control", &writes).expect("first writes");
+            assert!(
+                first
+                    .iter()
+                    .all(|o| matches!(o, CasOutcome::Written { .. })),
+                "{v:?}: {:?}",
+                first
+                    .iter()
+                    .find(|o| !matches!(o, CasOutcome::Written { .. }))
+            );
+            let CasOutcome::Written { seq } = first[7] else {
+                unreachable!()
+            };
+            let again = cas_put_all(
+                &conn,
+                "fleet-control",
+                &[
+                    // Created meanwhile by another writer.
+                    CasWrite {
+                        key: key(7),
+                        value: b"late create".to_vec(),
+                        expected_seq: 0,
+                    },
+                    // Read before the other writer's update.
+                    CasWrite {
+                        key: key(7),
+                        value: b"update".to_vec(),
+                        expected_seq: seq,
+                    },
+                    CasWrite {
+                        key: key(7),
+                        value: b"stale update".to_vec(),
+                        expected_seq: seq,
+                    },
+                ],
+            )
+            .expect("second writes");
+            assert!(
+                matches!(&again[0], CasOutcome::Conflict(d) if d.contains("wrong last sequence")),
+                "{v:?}: {again:?}"
+            );
+            assert!(
+                matches!(again[1], CasOutcome::Written { .. }),
+                "{v:?}: {again:?}"
+            );
+            assert!(
+                matches!(&again[2], CasOutcome::Conflict(_)),
+                "{v:?}: {again:?}"
+            );
+            let last = read_last(
+                &conn,
+                "fleet-control",
+                &format!("$KV.fleet-control.{}", key(7)),
+            )
+            .expect("read");
+            assert_eq!(last.len(), 1);
+            assert_eq!(last[0].value.as_deref(), Some(b"update".as_slice()));
+            let all = read_last(
+                &conn,
+                "fleet-control",
+                "$KV.fleet-control.*.agent-upgrade-intent",
+            )
+            .expect("read all");
+            assert_eq!(all.len(), 3000, "{v:?}");
+        }
+    }
 }
