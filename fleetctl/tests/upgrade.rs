@@ -4,7 +4,7 @@
 //! skip rule is set up exactly: frozen, rollback-failed, failed releases,
 //! unknown devices, other architectures.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -610,9 +610,4 @@ fn rollout_over_ten_thousand_devices() {
     eprintln!("status over {DEVICES} devices: {:?}", t.elapsed());
     assert_eq!(code, 0);
     assert_eq!(out.lines().count(), DEVICES + 1);
-}
-
-#[allow(dead_code)]
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8")
 }
