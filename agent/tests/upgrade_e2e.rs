@@ -565,3 +565,123 @@ fn two_operators_racing_on_one_device_start_exactly_one_attempt() {
     let seen = rig.seen();
     assert_eq!(seen.attempts.len(), 1, "{seen:#?}");
 }
+
+/// A device off while its intent was written (a device back after months
+/// upgrades directly): at boot the updater's recovery holds its one mutator
+/// while it starts the agent, so the agent's first request may be answered
+/// `busy`; it is sent again and the upgrade completes.
+#[test]
+fn an_intent_written_while_the_device_was_off_is_carried_out_at_boot() {
+    let rig = Rig::new(NatsVersion::V2_14);
+    let release = rig.release(
+        UPGRADE_TEST_VERSION,
+        Artifact::File(test_agent_path(UPGRADE_TEST_VERSION)),
+    );
+    // No device info yet: fleetctl upgrade needs the arch, so the operator
+    // wrote the intent with the arch known from the device's last report.
+    let arch = Arch::current().expect("arch");
+    rig.admin
+        .request_timeout(
+            "$KV.fleet-status.dev1.info",
+            serde_json::to_vec(&serde_json::json!({
+                "device-id": DEVICE, "agent-version": rig.v1, "arch": arch.as_str(),
+                "os": "Debian", "kernel": "6.1", "boot-id": "earlier",
+                "config-state": {"state": "configured"},
+                "agent-started-at": "2026-01-01T00:00:00.000Z",
+                "updated-at": "2026-01-01T00:00:00.000Z",
+            }))
+            .expect("json"),
+            Duration::from_secs(10),
+        )
+        .expect("earlier report");
+    let uuid = rig.upgrade(&release);
+    let started = Instant::now();
+    let updater = rig.start_updater(BOUNDS, None);
+    let done = rig.wait_terminal(uuid);
+    eprintln!("boot → complete in {:?}", started.elapsed());
+    assert_eq!(
+        done.phase,
+        UpgradePhase::Complete,
+        "{done:#?}\n{}",
+        updater.log()
+    );
+    rig.wait_reporting(
+        UPGRADE_TEST_VERSION,
+        fleet_common::Timestamp::from_unix_millis(0),
+    );
+}
+
+/// The updater busy with another attempt (here one a root user sent by
+/// hand, stalled on its download): the agent's attempt fails at once with
+/// reason `updater-unavailable`, naming the attempt under way.
+#[test]
+fn an_updater_busy_with_another_attempt_fails_the_agents_attempt() {
+    use fleet_common::contracts::{AgentUpgradeAttempt, UpdaterReply, UpdaterRequest};
+    use fleet_common::validate::{ArtifactUrl, DeviceId, MaxBytes};
+    let rig = Rig::new(NatsVersion::V2_14);
+    let updater = rig.start_updater(
+        "https-connect=5000,https-request=10000,probe=60000,stop=20000,start=30000",
+        None,
+    );
+    rig.wait_reporting(&rig.v1, fleet_common::Timestamp::from_unix_millis(0));
+    rig.https.route("/stalled", Behavior::Stall);
+    let by_hand = AgentUpgradeAttempt {
+        arch: Arch::current().expect("arch"),
+        artifact_url: ArtifactUrl::parse(&rig.https.url("/stalled")).expect("url"),
+        device_id: DeviceId::parse(DEVICE).expect("id"),
+        max_bytes: MaxBytes::new(1024 * 1024).expect("max"),
+        sha256: Sha256Hex::of(b"never arrives"),
+        target_version: Version::parse("0.9.0-by-hand").expect("v"),
+        uuid: AttemptUuid::new_random(),
+    };
+    let socket = rig.device.layout.updater_socket();
+    let request = UpdaterRequest::Upgrade {
+        attempt: by_hand.clone(),
+    };
+    let by_hand_call = std::thread::spawn(move || {
+        fleet_common::socket::call::<_, UpdaterReply>(&socket, &request, Duration::from_secs(120))
+    });
+    let socket = rig.device.layout.updater_socket();
+    poll_until(
+        "the hand-sent attempt preparing",
+        SETTLE,
+        || match fleet_common::socket::call::<_, UpdaterReply>(
+            &socket,
+            &UpdaterRequest::Status {},
+            Duration::from_secs(15),
+        ) {
+            Ok(fleet_common::contracts::Response::Ok(r)) => r
+                .status
+                .filter(|s| s.attempt_uuid == by_hand.uuid && s.phase == UpgradePhase::Preparing),
+            _ => None,
+        },
+    );
+
+    let release = rig.release(
+        UPGRADE_TEST_VERSION,
+        Artifact::File(test_agent_path(UPGRADE_TEST_VERSION)),
+    );
+    let uuid = rig.upgrade(&release);
+    let done = rig.wait_terminal(uuid);
+    assert_eq!(
+        (done.phase, done.reason),
+        (
+            UpgradePhase::Failed,
+            Some(UpgradeReason::UpdaterUnavailable)
+        ),
+        "{done:#?}\n{}",
+        updater.log()
+    );
+    let error = done.error.as_ref().expect("an error").to_string();
+    assert!(
+        error.starts_with("busy: another upgrade or a recovery is in progress")
+            && error.contains(&format!(
+                "attempt {} to 0.9.0-by-hand is preparing",
+                by_hand.uuid
+            )),
+        "{error}"
+    );
+    let answer = by_hand_call.join().expect("join").expect("answered");
+    assert!(format!("{answer:?}").contains("Failed"), "{answer:?}");
+    assert_eq!(rig.device.active(), rig.binary(&rig.v1));
+}

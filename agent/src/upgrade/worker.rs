@@ -44,6 +44,12 @@ const TICK: Duration = Duration::from_secs(1);
 /// reported failed: systemd restarts it well within this, and its
 /// recovery then says what became of the attempt.
 pub const UPDATER_GONE_GRACE: Duration = Duration::from_secs(120);
+/// How long after a `busy` answer the request is sent again, and how
+/// many times: the updater is busy for a moment when it has just started
+/// (its recovery holds the one mutator until the agent it started is
+/// ready). Busy with another attempt under way is a failure at once.
+const BUSY_RETRY_DELAY: Duration = Duration::from_secs(5);
+const BUSY_RETRIES: u32 = 12;
 /// Bound on the status read that decides, at SIGTERM, whether the updater
 /// is stopping this agent (it answers from memory at once).
 const STOP_STATUS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -93,6 +99,12 @@ enum Call {
     /// Not sent by this run (followed after a restart).
     NotSent,
     InFlight,
+    /// Answered `busy`: sent again at `retry_at` unless the updater is
+    /// busy with another attempt.
+    Busy {
+        retry_at: Instant,
+        why: String,
+    },
     /// It ended; with the refusal it would mean if the updater never shows
     /// the attempt.
     Ended(Option<(UpgradeReason, String)>),
@@ -107,6 +119,8 @@ struct Tracked {
     /// The content, when known (from the intent): needed to send it again.
     attempt: Option<AgentUpgradeAttempt>,
     call: Call,
+    /// `busy` answers still to be retried.
+    busy_left: u32,
     /// The updater's status has shown this attempt.
     shown: bool,
     unreachable_since: Option<Instant>,
@@ -147,6 +161,7 @@ impl Worker {
             target_version: r.target_version.clone(),
             attempt: None,
             call: Call::NotSent,
+            busy_left: BUSY_RETRIES,
             shown: true,
             unreachable_since: None,
         });
@@ -385,6 +400,7 @@ impl Worker {
             target_version: attempt.target_version.clone(),
             attempt: Some(attempt.clone()),
             call,
+            busy_left: BUSY_RETRIES,
             shown: false,
             unreachable_since: None,
         });
@@ -488,7 +504,7 @@ impl Worker {
         if self.tracked.as_ref().map(|t| t.uuid) != Some(uuid) {
             return;
         }
-        let refusal = match result {
+        let call = match result {
             Ok(Response::Ok(reply)) => {
                 if let Some(s) = reply.status {
                     if self.is_ours(&s) {
@@ -496,19 +512,29 @@ impl Worker {
                         self.mirror(s);
                     }
                 }
-                None
+                Call::Ended(None)
             }
+            // Busy with this very attempt (after a restart) means follow
+            // it; the next poll tells.
             Ok(Response::Err(body)) if body.code == ErrorCode::Busy => {
-                // Busy with this very attempt (after a restart) means follow it.
-                Some((UpgradeReason::UpdaterUnavailable, body.to_string()))
+                match self.tracked.as_mut() {
+                    Some(t) if t.busy_left > 0 => {
+                        t.busy_left -= 1;
+                        Call::Busy {
+                            retry_at: Instant::now() + BUSY_RETRY_DELAY,
+                            why: body.to_string(),
+                        }
+                    }
+                    _ => Call::Ended(Some((UpgradeReason::UpdaterUnavailable, body.to_string()))),
+                }
             }
             Ok(Response::Err(body)) => {
                 return self.fail(updater::refusal_reason(body.code), body.to_string());
             }
-            Err(e) => Some((UpgradeReason::UpdaterUnavailable, e.to_string())),
+            Err(e) => Call::Ended(Some((UpgradeReason::UpdaterUnavailable, e.to_string()))),
         };
         if let Some(t) = self.tracked.as_mut() {
-            t.call = Call::Ended(refusal);
+            t.call = call;
         }
         self.next_poll = Instant::now();
     }
@@ -527,11 +553,28 @@ impl Worker {
                 self.mirror(s);
             }
             Ok(other) => {
+                let another = other.as_ref().filter(|s| !s.phase.is_terminal()).map(|s| {
+                    format!(
+                        "attempt {} to {} is {}",
+                        s.attempt_uuid, s.target_version, s.phase
+                    )
+                });
                 self.s.state.set_last(other);
                 t.unreachable_since = None;
                 match (&t.call, t.shown) {
                     // The updater is still admitting it.
                     (Call::InFlight, _) => {}
+                    (Call::Busy { why, .. }, false) if another.is_some() => {
+                        let why = format!("{why} ({})", another.unwrap_or_default());
+                        self.fail(UpgradeReason::UpdaterUnavailable, why);
+                    }
+                    (Call::Busy { retry_at, .. }, _) => {
+                        if Instant::now() >= *retry_at {
+                            if let Some(a) = t.attempt.clone() {
+                                self.send(a);
+                            }
+                        }
+                    }
                     (Call::Ended(Some((reason, why))), false) => {
                         let (reason, why) = (*reason, why.clone());
                         self.fail(reason, why);
