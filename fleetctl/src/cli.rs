@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::connect::{self, ConnFlags};
+use crate::connect::{self, ConnFlags, Reconnect};
 use crate::error::{CtlError, EXIT_CODES};
 use crate::{admin, rollout, status, upgrade, watch, workload};
 
@@ -202,7 +202,11 @@ pub fn parse(args: &[String]) -> Result<(Command, ConnFlags), String> {
 
 fn run(command: Command, flags: ConnFlags) -> Result<Output, CtlError> {
     let options = flags.resolve()?;
-    let c = connect::connect(&options)?;
+    let mode = match command {
+        Command::Watch { .. } => Reconnect::Forever,
+        _ => Reconnect::Once,
+    };
+    let c = connect::connect(&options, mode)?;
     let out = match command {
         Command::Help => Output::text(String::new()),
         Command::BucketsCreate { replicas } => {

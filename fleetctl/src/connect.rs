@@ -364,9 +364,21 @@ fn read_secret(path: &Path, flag: &str) -> Result<String, CtlError> {
         .to_owned())
 }
 
+/// What the connection does when it drops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconnect {
+    /// A command that ends: one more try, then its request fails.
+    Once,
+    /// `watch`: reconnect until interrupted.
+    Forever,
+}
+
+/// Longest delay between reconnect attempts of [`Reconnect::Forever`].
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
+
 /// Connects, one attempt bounded like the agent's (the crate's own connect
 /// has no timeout).
-pub fn connect(o: &ConnOptions) -> Result<nats::Connection, CtlError> {
+pub fn connect(o: &ConnOptions, mode: Reconnect) -> Result<nats::Connection, CtlError> {
     let opts = match &o.auth {
         Auth::None | Auth::TlsCertificate => nats::Options::new(),
         Auth::UserPassword {
@@ -382,10 +394,18 @@ pub fn connect(o: &ConnOptions) -> Result<nats::Connection, CtlError> {
             nats::Options::with_credentials(creds_file)
         }
     };
-    let mut opts = opts
-        .with_name("fleetctl")
-        .reconnect_delay_callback(|_| Duration::ZERO)
-        .max_reconnects(1);
+    let mut opts = opts.with_name("fleetctl");
+    opts = match mode {
+        Reconnect::Once => opts
+            .reconnect_delay_callback(|_| Duration::ZERO)
+            .max_reconnects(1),
+        Reconnect::Forever => opts
+            .reconnect_delay_callback(|n| {
+                (Duration::from_millis(100) * u32::try_from(n).unwrap_or(u32::MAX))
+                    .min(MAX_RECONNECT_DELAY)
+            })
+            .max_reconnects(None),
+    };
     if let Some(tls) = &o.tls {
         opts = opts.tls_required(true);
         if let Some(ca) = &tls.ca_file {

@@ -611,3 +611,20 @@ fn rollout_over_ten_thousand_devices() {
     assert_eq!(code, 0);
     assert_eq!(out.lines().count(), DEVICES + 1);
 }
+
+/// `watch` keeps following across a server restart (its consumer is in
+/// memory and gone with the server: it makes a new one).
+#[test]
+fn watch_follows_across_a_server_restart() {
+    let mut f = Fleet::start(NatsVersion::V2_14);
+    let watch = ChildGuard::spawn(f.command(&["watch"]), "fleetctl-watch");
+    watch.wait_for_line("watching fleet-status", Duration::from_secs(20));
+    f.info("dev1", "1.0", Arch::X86_64, false);
+    watch.wait_for_line(" dev1 info: agent 1.0", Duration::from_secs(20));
+    f.server.restart();
+    f.admin = f.server.admin();
+    watch.wait_for_line("following again", Duration::from_secs(60));
+    let from = watch.line_count();
+    f.info("dev2", "1.1", Arch::X86_64, false);
+    watch.wait_for_line_after(from, " dev2 info: agent 1.1", Duration::from_secs(60));
+}
