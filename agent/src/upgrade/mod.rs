@@ -152,6 +152,19 @@ impl UpgradeState {
         self.view().forwarding
     }
 
+    /// Marks `uuid` pending if forwarding is allowed, in one step: a hold
+    /// set before this returns is seen, and a hold set after it finds the
+    /// attempt pending (whoever holds forwarding checks
+    /// [`intent_pending`](Self::intent_pending) after setting the hold).
+    fn accept(&self, uuid: AttemptUuid) -> bool {
+        let mut v = self.view();
+        if v.forwarding {
+            v.pending = Some(uuid);
+            v.intent_waiting = false;
+        }
+        v.forwarding
+    }
+
     fn set_waiting(&self, waiting: bool) {
         self.view().intent_waiting = waiting;
     }
@@ -426,5 +439,66 @@ impl StoppingUpgrade {
         }
         threads::join_within(self.worker, left(), "agent-upgrade");
         self.intents.join_within(left());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_common::validate::Sha256Hex;
+    use fleet_common::Timestamp;
+
+    #[test]
+    fn a_hold_on_forwarding_and_acceptance_exclude_each_other() {
+        let state = UpgradeState::new();
+        let rx = state
+            .shared
+            .inbox
+            .lock()
+            .expect("inbox")
+            .take()
+            .expect("the worker's end");
+        assert!(!state.intent_pending() && !state.transaction_active());
+        let first = AttemptUuid::new_random();
+        assert!(state.accept(first), "forwarding is allowed at first");
+        assert!(state.intent_pending());
+        state.set_pending(None);
+
+        // Held: nothing is accepted, and the worker is told.
+        state.set_forwarding(false);
+        assert!(matches!(rx.try_recv(), Ok(Msg::Forwarding)));
+        assert!(!state.accept(AttemptUuid::new_random()));
+        assert!(!state.intent_pending(), "a held attempt is not pending");
+        state.set_waiting(true);
+        assert!(state.intent_waiting());
+
+        // Allowed again: the next acceptance clears the waiting mark.
+        state.set_forwarding(true);
+        assert!(matches!(rx.try_recv(), Ok(Msg::Forwarding)));
+        assert!(state.accept(first));
+        assert!(!state.intent_waiting());
+    }
+
+    #[test]
+    fn a_transaction_is_active_until_its_phase_is_terminal() {
+        let state = UpgradeState::new();
+        let mut s = UpgradeStatus::begin(
+            AttemptUuid::new_random(),
+            Sha256Hex::of(b"a"),
+            Version::parse("2.0").expect("v"),
+            UpgradePhase::Starting,
+            None,
+            Timestamp::from_unix_millis(0),
+        );
+        state.set_last(Some(s.clone()));
+        assert!(state.transaction_active());
+        s.enter(UpgradePhase::Complete, None, Timestamp::from_unix_millis(1));
+        state.set_last(Some(s));
+        assert!(!state.transaction_active());
+        assert_eq!(outcome_of(UpgradePhase::RollingBack), None);
+        assert_eq!(
+            outcome_of(UpgradePhase::RollbackFailed),
+            Some(AttemptOutcome::RollbackFailed)
+        );
     }
 }

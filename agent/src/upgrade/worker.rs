@@ -289,12 +289,12 @@ impl Worker {
                 log::info!(attempt = uuid.as_str(); "forwarded before this start; following it again");
                 self.track(attempt, digest, Call::NotSent);
             }
-            Verdict::New if !self.s.state.forwarding() => {
+            Verdict::New if self.s.state.accept(attempt.uuid) => self.forward(attempt, digest),
+            Verdict::New => {
                 log::info!(attempt = uuid.as_str(); "upgrade to {} waits: forwarding is held back", attempt.target_version);
                 self.handling = Handling::Waiting;
                 self.s.state.set_waiting(true);
             }
-            Verdict::New => self.forward(attempt, digest),
         }
     }
 
@@ -363,7 +363,8 @@ impl Worker {
     }
 
     /// Records the attempt as forwarded, publishes `preparing` and sends
-    /// the one `upgrade` request on its own thread.
+    /// the one `upgrade` request on its own thread. The attempt is already
+    /// pending ([`UpgradeState::accept`]).
     fn forward(&mut self, attempt: AgentUpgradeAttempt, digest: Sha256Hex) {
         let uuid = Self::attempt_label(&attempt.uuid);
         log::info!(attempt = uuid.as_str(); "accepted the upgrade to {} ({}); sending it to the updater", attempt.target_version, attempt.artifact_url);
@@ -376,7 +377,6 @@ impl Worker {
             // The updater refuses a reused UUID on its own.
             log::error!("{e}; forwarding anyway");
         }
-        self.s.state.set_waiting(false);
         let mut s = UpgradeStatus::begin(
             attempt.uuid,
             digest.clone(),
