@@ -202,29 +202,44 @@ pub fn server_pid(server: &NatsServer) -> Option<u32> {
 /// read. Returns (the instant the first was published, the time until the
 /// last ack) and each device's stream sequence.
 fn put_all(admin: &nats::Connection, ids: &[String]) -> ((Instant, Duration), Vec<u64>) {
+    let spec = r#"{"image":"localhost/fleet-bench/app:2","command":["sleep","1000"]}"#;
+    let puts: Vec<(String, Vec<u8>)> = ids
+        .iter()
+        .map(|id| {
+            (
+                format!("$KV.fleet-desired.{id}.web"),
+                spec.as_bytes().to_vec(),
+            )
+        })
+        .collect();
+    pipelined_puts(admin, &puts)
+}
+
+/// Publishes every `(subject, value)` to JetStream, all before any ack is
+/// read, then waits for every ack. Returns (the instant the first was
+/// published, the time until the last ack) and each one's stream sequence.
+pub fn pipelined_puts(
+    admin: &nats::Connection,
+    puts: &[(String, Vec<u8>)],
+) -> ((Instant, Duration), Vec<u64>) {
     let inbox = admin.new_inbox();
     let acks = admin
         .subscribe(&format!("{inbox}.*"))
         .unwrap_or_else(|e| panic!("subscribing to acks: {e}"));
-    let spec = r#"{"image":"localhost/fleet-bench/app:2","command":["sleep","1000"]}"#;
     let started = Instant::now();
-    for (i, id) in ids.iter().enumerate() {
+    for (i, (subject, value)) in puts.iter().enumerate() {
         admin
-            .publish_request(
-                &format!("$KV.fleet-desired.{id}.web"),
-                &format!("{inbox}.{i}"),
-                spec,
-            )
-            .unwrap_or_else(|e| panic!("publishing {id}.web: {e}"));
+            .publish_request(subject, &format!("{inbox}.{i}"), value)
+            .unwrap_or_else(|e| panic!("publishing {subject}: {e}"));
     }
-    let mut seqs = vec![0u64; ids.len()];
+    let mut seqs = vec![0u64; puts.len()];
     let mut got = 0;
     let deadline = started + CONVERGE_TIMEOUT;
-    while got < ids.len() {
+    while got < puts.len() {
         let left = deadline.saturating_duration_since(Instant::now());
         let m = acks
             .next_timeout(left)
-            .unwrap_or_else(|e| panic!("{got} of {} puts acknowledged: {e}", ids.len()));
+            .unwrap_or_else(|e| panic!("{got} of {} puts acknowledged: {e}", puts.len()));
         let i: usize = m
             .subject
             .rsplit('.')
@@ -235,7 +250,7 @@ fn put_all(admin: &nats::Connection, ids: &[String]) -> ((Instant, Duration), Ve
             serde_json::from_slice(&m.data).unwrap_or_else(|e| panic!("ack is not JSON ({e})"));
         let seq = v["seq"]
             .as_u64()
-            .unwrap_or_else(|| panic!("put of {} refused: {v}", ids[i]));
+            .unwrap_or_else(|| panic!("put on {} refused: {v}", puts[i].0));
         if seqs[i] == 0 {
             got += 1;
         }
