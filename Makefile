@@ -79,9 +79,15 @@ test: deps lint build packages-for-test
 demo: deps build
 	@bash scripts/demo.sh
 
+# The second agent version the cutover figure switches to (the bench's
+# cutover::NEXT_VERSION); built in its own target dir so the release build
+# of the workspace stays as it is.
+BENCH_NEXT_VERSION := 0.2.0-bench
 ## bench: every DESIGN.md target measured on release builds beside a baseline from the same run (markdown table, also in target/bench/last-run.md; ~3 min). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
 bench: deps
 	$(CARGO) build --release --workspace --bins
+	FLEET_AGENT_VERSION=$(BENCH_NEXT_VERSION) $(CARGO) build --release -p fleet-agent --target-dir $(TARGET_DIR)/bench-next
+	OUT_DIR=$(TARGET_DIR)/bench/packages BIN_DIR=$(TARGET_DIR)/release scripts/package.sh deb device amd64
 	$(TARGET_DIR)/release/fleet-bench $(BENCH_ARGS)
 
 ## bench-profiles: make bench, with the daemons also built at opt-level 3 (size baseline) and statically for x86_64 musl (memory), reported beside.

@@ -10,7 +10,9 @@
 //! - `download`: 100 MiB download + verify, and the updater's peak memory
 //!   ([`updater`]);
 //! - `fleet`: N simulated agents converging on one change ([`fleet`]);
-//! - `rollout`: `fleetctl rollout` over 10,000 devices ([`rollout`]).
+//! - `rollout`: `fleetctl rollout` over 10,000 devices ([`rollout`]);
+//! - `cutover`: the updater's cutover against `systemctl restart`, in a
+//!   booted Debian container ([`cutover`]).
 //!
 //! Every server and process is started here and stopped on exit, whatever
 //! way the run ends (guards); a missing tool panics naming its Debian
@@ -18,6 +20,7 @@
 
 mod agent;
 mod bins;
+mod cutover;
 mod fleet;
 mod notify;
 mod procfs;
@@ -38,14 +41,15 @@ const USAGE: &str = "fleet-bench: measures the DESIGN.md targets (run it with `m
 
 Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--latency-runs N] [--fleet N,...] [--rollout N]
+                   [--cutover-runs N]
 
-Sections: sizes, device, download, fleet, rollout (default: all).
+Sections: sizes, device, download, fleet, rollout, cutover (default: all).
 Defaults: --cpu-secs 60 --download-runs 3 --latency-runs 9 --fleet 100,1000
-          --rollout 10000
+          --rollout 10000 --cutover-runs 5
 ";
 
 /// Every section, in the order they run.
-const SECTIONS: [&str; 5] = ["sizes", "device", "download", "fleet", "rollout"];
+const SECTIONS: [&str; 6] = ["sizes", "device", "download", "fleet", "rollout", "cutover"];
 
 #[derive(Debug)]
 struct Args {
@@ -55,6 +59,7 @@ struct Args {
     latency_runs: usize,
     fleet: Vec<usize>,
     rollout: usize,
+    cutover_runs: usize,
 }
 
 impl Args {
@@ -66,6 +71,7 @@ impl Args {
             latency_runs: 9,
             fleet: vec![100, 1000],
             rollout: 10_000,
+            cutover_runs: 5,
         };
         let mut args = args.peekable();
         while let Some(arg) = args.next() {
@@ -88,6 +94,7 @@ impl Args {
                 "--cpu-secs" => a.cpu_window = Duration::from_secs(number(value()?)? as u64),
                 "--download-runs" => a.download_runs = number(value()?)?,
                 "--rollout" => a.rollout = number(value()?)?,
+                "--cutover-runs" => a.cutover_runs = number(value()?)?,
                 "--latency-runs" => a.latency_runs = number(value()?)?,
                 "--fleet" => {
                     a.fleet = value()?
@@ -190,11 +197,11 @@ fn run(args: &Args) -> Table {
             table.push(row);
         }
     }
-    table.push(Row::todo(
-        "cutover (old agent stopped → new READY)",
-        "≤ 1.1× `systemctl restart`",
-        "Needs the packaging branch's systemd container harness and the upgrade flow on main: then, in the booted container with our .deb, the updater's cutover (journal: stop begin → READY) against `systemctl restart fleet-agent` of the same agent.",
-    ));
+    if args.has("cutover") {
+        for row in cutover::cutover_rows(args.cutover_runs) {
+            table.push(row);
+        }
+    }
     table
 }
 
