@@ -4,6 +4,8 @@
 //! Startup, each step reported as a systemd `STATUS=` line; `READY=1` only
 //! when all are done:
 //! 1. read the config; take the one-mutator lock; make the state directory;
+//!    read the persisted change freeze (a frozen agent applies nothing
+//!    newer than its last applied specs); open the agent socket;
 //! 2. reach Podman (when enabled);
 //! 3. connect to NATS (15 s per attempt, over a 3-minute window);
 //! 4. publish device info, acknowledged;
@@ -16,7 +18,8 @@
 //! Drain on SIGTERM or SIGINT (seed 002, "Stop, switch, start"): close the
 //! mutation gate, wait for the mutation in flight, stop the threads,
 //! publish the acknowledged `stopping` heartbeat with the drain duration,
-//! flush NATS, send STOPPING=1, exit — within systemd's 60 s.
+//! flush NATS, close the agent socket, send STOPPING=1, exit — within
+//! systemd's 60 s. The socket answers (`draining`) until then.
 
 use std::fmt;
 use std::io;
@@ -30,8 +33,10 @@ use fleet_common::signals::{SignalError, TermSignal, TerminationSignals};
 use fleet_common::validate::{Arch, Version};
 use fleet_common::Timestamp;
 
+use crate::api::{self, AgentApi};
 use crate::config::{Config, ConfigError, PodmanMode};
 use crate::desired;
+use crate::freeze::{FreezeControl, UpdaterSocket, UPDATER_STATUS_TIMEOUT};
 use crate::gate::{ClosedBy, MutationGate};
 use crate::lock::{AgentLock, LockError};
 use crate::nats::{self, NatsError, PublishError, Reconnect};
@@ -84,6 +89,7 @@ pub enum RunError {
         name: &'static str,
         source: io::Error,
     },
+    Socket(fleet_common::socket::SocketError),
 }
 
 impl fmt::Display for RunError {
@@ -114,6 +120,7 @@ impl fmt::Display for RunError {
                 }
             }
             Self::Thread { name, source } => write!(f, "starting thread {name}: {source}"),
+            Self::Socket(e) => write!(f, "the agent socket: {e}"),
         }
     }
 }
@@ -133,6 +140,7 @@ impl RunError {
             Self::Lock(_) => 20,
             Self::StateDir { .. } => 20,
             Self::DeviceInfo { .. } => 21,
+            Self::Socket(_) => 22,
         }
     }
 }
@@ -184,6 +192,20 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             })?;
     }
     log::info!(device = device.as_str(), version = version.as_str(); "config {} read, lock {} taken", config_path.display(), lock.path().display());
+    let freeze = Arc::new(FreezeControl::load(&layout, Arc::clone(&gate)));
+    let api = Arc::new(AgentApi::new(
+        device.clone(),
+        version.clone(),
+        Arc::clone(&freeze),
+        Arc::clone(&gate),
+        Box::new(UpdaterSocket {
+            path: layout.updater_socket(),
+            timeout: UPDATER_STATUS_TIMEOUT,
+        }),
+        config.intervals.heartbeat,
+    ));
+    let api_server = api::serve(&layout, Arc::clone(&api)).map_err(RunError::Socket)?;
+    log::info!(device = device.as_str(); "agent socket {} open", layout.agent_socket().display());
     notify::status("config read, lock taken");
 
     // 2. Podman.
@@ -213,6 +235,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         Err(NatsError::Interrupted) => return stopped_during_startup(),
         Err(e) => return Err(RunError::Nats(e)),
     };
+    api.set_nats(Arc::clone(&nats));
     let window_end = Instant::now() + NATS_CONNECT_WINDOW;
     notify::status(&format!(
         "connected to NATS at {}; publishing device info",
@@ -225,7 +248,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         &version,
         arch,
         podman.as_ref().map(|(_, v)| v.as_str()),
-        status::config_state(),
+        freeze.report(),
         started_at,
     );
     loop {
@@ -255,9 +278,18 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         started,
         heartbeat: config.intervals.heartbeat,
         podman: podman.as_ref().map(|(p, _)| p.clone()),
+        freeze: Arc::clone(&freeze),
     }
     .spawn()
     .map_err(thread_err("agent-status"))?;
+    {
+        let to_status = status.sender();
+        freeze.on_change(move || {
+            let _ = to_status.send(StatusMsg::ConfigState);
+        });
+        // A change made before this point (by an early caller) is published too.
+        let _ = status.sender().send(StatusMsg::ConfigState);
+    }
     let reconciler = match podman {
         Some((p, _)) => {
             let to_status = status.sender();
@@ -265,6 +297,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
                 device.clone(),
                 p,
                 Arc::clone(&gate),
+                Arc::clone(&freeze),
                 Arc::clone(&lock),
                 &layout,
                 config.intervals.resync,
@@ -292,6 +325,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         )
         .map_err(thread_err("agent-desired"))?
     };
+    api.set_desired(Arc::clone(&watcher.status));
     let keys = loop {
         if shutdown.is_requested() {
             break None;
@@ -348,6 +382,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     if let Err(e) = nats.flush(FLUSH_TIMEOUT) {
         log::warn!("flushing NATS: {e}");
     }
+    api_server.stop();
     notify::stopping(&format!(
         "stopped on {}; drained in {} ms",
         sig.map_or("request", TermSignal::name),
