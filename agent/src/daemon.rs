@@ -140,7 +140,7 @@ impl RunError {
             Self::Lock(_) => 20,
             Self::StateDir { .. } => 20,
             Self::DeviceInfo { .. } => 21,
-            Self::Socket(_) => 22,
+            Self::Socket(_) => 23,
         }
     }
 }

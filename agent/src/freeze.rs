@@ -312,6 +312,22 @@ fn write_state(path: &Path, state: &ConfigState) -> Result<(), FreezeError> {
         .map_err(|e: DurableError| persist(e.to_string()))
 }
 
+/// Replaces the persisted `previous` state with `next`. On failure the
+/// file may already hold `next` (a failed directory sync comes after the
+/// rename), so `previous` is written back, best effort: the state on disk
+/// and in memory stay the same either way.
+fn replace_state(
+    path: &Path,
+    next: &ConfigState,
+    previous: &ConfigState,
+) -> Result<(), FreezeError> {
+    write_state(path, next).inspect_err(|e| {
+        if let Err(back) = write_state(path, previous) {
+            log::error!("{e}; writing back the previous config state failed too: {back}");
+        }
+    })
+}
+
 impl FreezeControl {
     /// Reads the persisted state (see the module documentation for an
     /// unreadable file) and, when frozen, freezes `gate` before any
@@ -441,7 +457,7 @@ impl FreezeControl {
                 reason,
                 caller_uid: caller,
             });
-            write_state(&self.path, &state)?;
+            replace_state(&self.path, &state, &ConfigState::Configured)?;
             // INVARIANT: lock order is gate, then state.
             let mut s = self.lock();
             s.state = state;
@@ -463,12 +479,12 @@ impl FreezeControl {
     /// nothing changes.
     pub fn unfreeze(&self, caller: u32) -> Result<Change, FreezeError> {
         let _one = self.changing.lock().unwrap_or_else(|p| p.into_inner());
-        let since = match &self.lock().state {
-            ConfigState::Configured => return Ok(Change::Already),
-            ConfigState::Changefreeze(f) => f.clone(),
+        let frozen = self.lock().state.clone();
+        let ConfigState::Changefreeze(since) = &frozen else {
+            return Ok(Change::Already);
         };
         self.gate.thaw(|| {
-            write_state(&self.path, &ConfigState::Configured)?;
+            replace_state(&self.path, &ConfigState::Configured, &frozen)?;
             let mut s = self.lock();
             s.state = ConfigState::Configured;
             s.waiting_changes = 0;
@@ -704,6 +720,16 @@ mod tests {
         );
         assert!(!fc.is_frozen());
         assert_eq!(gate.admission(), Admission::Open);
+
+        // An unfreeze that cannot be recorded leaves the agent frozen.
+        let layout = Layout::with_root(dir.path());
+        std::fs::create_dir_all(layout.agent_state_dir()).expect("state dir");
+        assert_eq!(fc.freeze(0, None, &good()).expect("frozen"), Change::Done);
+        std::fs::remove_dir_all(layout.agent_state_dir()).expect("rm");
+        let e = fc.unfreeze(0).expect_err("not recorded");
+        assert!(matches!(e, FreezeError::Persist { .. }), "{e}");
+        assert!(fc.is_frozen());
+        assert_eq!(gate.admission(), Admission::Frozen);
     }
 
     #[test]

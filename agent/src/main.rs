@@ -82,7 +82,7 @@ Exit codes:
   20  lock              another fleet-agent holds the lock (or the run or state
                         directory is unusable)
   21  device-info       (run) device info not acknowledged by JetStream
-  22  agent-socket      (run) the agent socket cannot be bound
+  23  agent-socket      (run) the agent socket cannot be bound
 
 Exit codes of `node`:
    0  done (or already so)
