@@ -5,8 +5,11 @@
 //! Who may call: root, members of group `fleet-control`, and the agent's
 //! own user (so the agent's account can inspect it, and tests run without
 //! root). The socket is mode 0660, owned by the agent's user, group
-//! `fleet-control` when that group exists. Peer credentials are checked
-//! before a byte is read; anyone else is answered `forbidden`.
+//! `fleet-control` when that group exists and the agent may give it (root,
+//! or a member: device setup makes `fleet-agent` one); otherwise only the
+//! agent's user and root can reach it, and a warning says so. Peer
+//! credentials are checked before a byte is read; anyone else is answered
+//! `forbidden`.
 //!
 //! The socket opens right after the lock is taken, before Podman and NATS
 //! are reached and long before READY=1: a safety controller can ask during
@@ -280,18 +283,30 @@ pub fn peer_policy(own_uid: u32, control_gid: Option<u32>) -> PeerPolicy {
     }
 }
 
+/// The group the socket can be given: `control` when this process is
+/// root or a member (only then may it `chown` to it).
+fn socket_group(control: Option<u32>, uid: u32, gid: u32, groups: &[u32]) -> Option<u32> {
+    control.filter(|g| uid == 0 || gid == *g || groups.contains(g))
+}
+
 /// Binds `agent.sock` and starts answering.
 pub fn serve(layout: &Layout, api: Arc<AgentApi>) -> Result<ServerHandle, SocketError> {
     let control = users::lookup_group(CONTROL_GROUP);
-    let (uid, _) = users::current_ids();
-    if control.is_none() {
-        log::warn!("group {CONTROL_GROUP} does not exist: only root and this agent's user may use the agent socket");
+    let (uid, gid) = users::current_ids();
+    let own_groups =
+        users::supplementary_groups(i32::try_from(std::process::id()).unwrap_or(i32::MAX))
+            .unwrap_or_default();
+    let group = socket_group(control, uid, gid, &own_groups);
+    match (control, group) {
+        (None, _) => log::warn!("group {CONTROL_GROUP} does not exist: only root and this agent's user may use the agent socket"),
+        (Some(_), None) => log::warn!("this agent's user is not in group {CONTROL_GROUP}, so the agent socket cannot be given to it: only root and this agent's user may use it; add the user to the group (device setup does)"),
+        (Some(_), Some(_)) => {}
     }
     SocketServer::bind(
         "agent-api",
         &layout.agent_socket(),
         SOCKET_MODE,
-        control,
+        group,
         peer_policy(uid, control),
     )?
     .spawn(api)
@@ -318,6 +333,11 @@ mod tests {
         assert!(p.allows(&peer(1000, 1000, &[996])));
         assert!(p.allows(&peer(1001, 996, &[])));
         assert!(!p.allows(&peer(1000, 1000, &[24, 27])));
+        assert_eq!(socket_group(Some(996), 0, 0, &[]), Some(996));
+        assert_eq!(socket_group(Some(996), 998, 997, &[996]), Some(996));
+        assert_eq!(socket_group(Some(996), 998, 996, &[]), Some(996));
+        assert_eq!(socket_group(Some(996), 998, 997, &[4]), None);
+        assert_eq!(socket_group(None, 0, 0, &[]), None);
         let root_agent = peer_policy(0, None);
         assert_eq!(root_agent.uids, vec![0]);
         assert!(!root_agent.allows(&peer(65534, 65534, &[])));

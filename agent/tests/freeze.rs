@@ -830,6 +830,41 @@ fn unauthorised_callers_are_refused() {
     assert_eq!(node(&dev, &["status"]).code, Some(0), "root may");
 }
 
+/// An agent running as an unprivileged user: that user may call its
+/// socket (so can root); another user may not.
+#[test]
+fn the_agents_own_user_may_call_it() {
+    const NOBODY: u32 = 65534;
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "nats://127.0.0.1:{}",
+        unused.local_addr().expect("addr").port()
+    );
+    drop(unused);
+    let dev = bare_device(vec![url]);
+    traversable(Path::new(env!("CARGO_BIN_EXE_fleet-agent")));
+    for entry in ["", "agent.json", "nats-password", "notify.sock"] {
+        let p = dev.root.path().join(entry);
+        std::os::unix::fs::chown(&p, Some(NOBODY), Some(NOBODY)).expect("chown");
+    }
+    let mut cmd = dev.command(&["run"], None);
+    cmd.uid(NOBODY).gid(NOBODY);
+    let agent = ChildGuard::spawn(cmd, "agent-dev1");
+    poll_until("the agent socket answers its own user", CONVERGE, || {
+        (node_as(&dev, &["status"], Some(NOBODY)).code == Some(0)).then_some(())
+    });
+    let sock = Layout::with_root(dev.root.path()).agent_socket();
+    let meta = std::fs::metadata(&sock).expect("socket");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(meta.uid(), NOBODY, "owned by the agent's user");
+    let refused = node_as(&dev, &["freeze"], Some(NOBODY));
+    assert_eq!(refused.code, Some(3), "{refused:?}");
+    assert_eq!(node(&dev, &["status"]).code, Some(0), "root may");
+    let other = node_as(&dev, &["status"], Some(1));
+    assert_eq!(other.code, Some(4), "{other:?}");
+    drop(agent);
+}
+
 /// Panics unless every directory above `bin` lets others through.
 fn traversable(bin: &Path) {
     for dir in bin.ancestors().skip(1) {
