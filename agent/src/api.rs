@@ -54,7 +54,7 @@ pub struct AgentApi {
     version: Version,
     freeze: Arc<FreezeControl>,
     gate: Arc<MutationGate>,
-    upgrades: Box<dyn Upgrades>,
+    upgrades: Arc<dyn Upgrades>,
     started: Instant,
     disconnect_window: Duration,
     nats: OnceLock<Arc<Nats>>,
@@ -79,7 +79,7 @@ impl AgentApi {
         version: Version,
         freeze: Arc<FreezeControl>,
         gate: Arc<MutationGate>,
-        upgrades: Box<dyn Upgrades>,
+        upgrades: Arc<dyn Upgrades>,
         heartbeat: Duration,
     ) -> Self {
         Self {

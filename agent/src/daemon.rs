@@ -36,7 +36,7 @@ use fleet_common::Timestamp;
 use crate::api::{self, AgentApi};
 use crate::config::{Config, ConfigError, PodmanMode};
 use crate::desired;
-use crate::freeze::{FreezeControl, UpdaterSocket, UPDATER_STATUS_TIMEOUT};
+use crate::freeze::{FreezeControl, UpdaterSocket, Upgrades, UPDATER_STATUS_TIMEOUT};
 use crate::gate::{ClosedBy, MutationGate};
 use crate::lock::{AgentLock, LockError};
 use crate::nats::{self, NatsError, PublishError, Reconnect};
@@ -192,16 +192,21 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             })?;
     }
     log::info!(device = device.as_str(), version = version.as_str(); "config {} read, lock {} taken", config_path.display(), lock.path().display());
-    let freeze = Arc::new(FreezeControl::load(&layout, Arc::clone(&gate)));
+    let upgrades: Arc<dyn Upgrades> = Arc::new(UpdaterSocket {
+        path: layout.updater_socket(),
+        timeout: UPDATER_STATUS_TIMEOUT,
+    });
+    let freeze = Arc::new(FreezeControl::load(
+        &layout,
+        Arc::clone(&gate),
+        Arc::clone(&upgrades),
+    ));
     let api = Arc::new(AgentApi::new(
         device.clone(),
         version.clone(),
         Arc::clone(&freeze),
         Arc::clone(&gate),
-        Box::new(UpdaterSocket {
-            path: layout.updater_socket(),
-            timeout: UPDATER_STATUS_TIMEOUT,
-        }),
+        upgrades,
         config.intervals.heartbeat,
     ));
     let api_server = api::serve(&layout, Arc::clone(&api)).map_err(RunError::Socket)?;

@@ -5,16 +5,19 @@
 //! `changefreeze`) and what is waiting for the unfreeze. Entering:
 //! 1. the caller gathers the [`Conditions`] outside any lock (connection,
 //!    snapshot, the updater's answer: a bounded socket call);
-//! 2. under the mutation gate's lock, [`refusals`] adds the gate's view
-//!    (draining, a mutation in flight or planned, a pull) and refuses with
-//!    every reason that applies; otherwise the freeze file is written
-//!    (durable: temp file, fsync, rename, directory fsync) and the gate
-//!    admits only local restores from then on. No mutation starts between
-//!    the check and the entry, and nothing is acknowledged before the
-//!    file is on disk.
+//! 2. under the mutation gate's lock, upgrade-intent forwarding is held
+//!    back first, then [`refusals`] adds the gate's view (draining, a
+//!    mutation in flight or planned, a pull) and whether an intent is
+//!    pending now, and refuses with every reason that applies (forwarding
+//!    is allowed again); otherwise the freeze file is written (durable:
+//!    temp file, fsync, rename, directory fsync) and the gate admits only
+//!    local restores from then on. No mutation starts and no intent is
+//!    forwarded between the check and the entry, and nothing is
+//!    acknowledged before the file is on disk.
 //!
 //! Leaving is only ever asked for (the agent never leaves on its own):
-//! the `configured` file is written, then the gate opens. Any caller the
+//! the `configured` file is written, then the gate opens and forwarding is
+//! allowed again (the current intent is then handled). Any caller the
 //! socket admits may unfreeze, not only the one that froze: the freezer's
 //! uid is recorded and reported, and the seed's "the external entity ends
 //! it" is whoever controls the device locally (root or `fleet-control`).
@@ -58,10 +61,22 @@ const RETRY_SHORT: Duration = Duration::from_secs(5);
 /// a heartbeat.
 const RETRY_LONG: Duration = HEARTBEAT_INTERVAL;
 
-/// What upgrades are doing, as the freeze rules need it. Every call is
-/// bounded in time.
+/// What upgrades are doing, as the freeze needs it, and the hold on
+/// forwarding intents. Every call is bounded in time; all but
+/// [`Upgrades::view`] answer from memory at once.
 pub trait Upgrades: Send + Sync {
+    /// The updater's transaction, and whether an intent is pending.
     fn view(&self) -> UpgradeView;
+    /// Holds back (`true`) or allows forwarding intents to the updater.
+    fn hold_forwarding(&self, _held: bool) {}
+    /// An accepted intent has not completed.
+    fn intent_pending(&self) -> bool {
+        false
+    }
+    /// A new intent arrived while forwarding was held back, and waits.
+    fn intent_waiting(&self) -> bool {
+        false
+    }
 }
 
 /// [`Upgrades`] from the updater's `status` (until upgrade-intent
@@ -258,7 +273,6 @@ pub enum Change {
 struct Reported {
     state: ConfigState,
     waiting_changes: u32,
-    intent_waiting: bool,
 }
 
 type Listener = Box<dyn Fn() + Send + Sync>;
@@ -266,6 +280,7 @@ type Listener = Box<dyn Fn() + Send + Sync>;
 /// The agent's config state; see the module documentation.
 pub struct FreezeControl {
     gate: Arc<MutationGate>,
+    upgrades: Arc<dyn Upgrades>,
     path: PathBuf,
     state: Mutex<Reported>,
     /// Held through a whole change, so two callers do not interleave.
@@ -330,9 +345,9 @@ fn replace_state(
 
 impl FreezeControl {
     /// Reads the persisted state (see the module documentation for an
-    /// unreadable file) and, when frozen, freezes `gate` before any
-    /// mutation can start.
-    pub fn load(layout: &Layout, gate: Arc<MutationGate>) -> Self {
+    /// unreadable file) and, when frozen, freezes `gate` and holds back
+    /// `upgrades`' forwarding before any mutation or intent can start.
+    pub fn load(layout: &Layout, gate: Arc<MutationGate>, upgrades: Arc<dyn Upgrades>) -> Self {
         let path = layout.freeze_state();
         let state = match read_state(&path) {
             Ok(s) => s,
@@ -349,6 +364,7 @@ impl FreezeControl {
         };
         if let ConfigState::Changefreeze(f) = &state {
             gate.start_frozen();
+            upgrades.hold_forwarding(true);
             log::warn!(
                 "starting in a change freeze (since {}, by uid {}{}): desired state is not applied until unfreeze",
                 f.since,
@@ -361,11 +377,11 @@ impl FreezeControl {
         }
         Self {
             gate,
+            upgrades,
             path,
             state: Mutex::new(Reported {
                 state,
                 waiting_changes: 0,
-                intent_waiting: false,
             }),
             changing: Mutex::new(()),
             listener: OnceLock::new(),
@@ -388,12 +404,15 @@ impl FreezeControl {
         }
     }
 
+    /// The state and what waits for the unfreeze (read live from the
+    /// upgrade side for the intent).
     pub fn report(&self) -> ConfigStateReport {
         let s = self.lock();
+        let frozen = s.state.is_frozen();
         ConfigStateReport {
             state: s.state.clone(),
             waiting_changes: s.waiting_changes,
-            intent_waiting: s.intent_waiting,
+            intent_waiting: frozen && self.upgrades.intent_waiting(),
         }
     }
 
@@ -417,24 +436,6 @@ impl FreezeControl {
         }
     }
 
-    /// Whether an upgrade intent is held back by the freeze (ignored when
-    /// not frozen).
-    // Called by upgrade-intent forwarding (issue 6) when it holds one back.
-    #[allow(dead_code)]
-    pub fn set_intent_waiting(&self, waiting: bool) {
-        let changed = {
-            let mut s = self.lock();
-            let changed = s.state.is_frozen() && s.intent_waiting != waiting;
-            if changed {
-                s.intent_waiting = waiting;
-            }
-            changed
-        };
-        if changed {
-            self.changed();
-        }
-    }
-
     /// Enters the freeze for `caller`, or refuses with every reason; see
     /// the module documentation. Frozen already: nothing changes.
     pub fn freeze(
@@ -448,22 +449,35 @@ impl FreezeControl {
             return Ok(Change::Already);
         }
         let froze = self.gate.freeze(|view| {
-            let blockers = refusals(conditions, view);
-            if !blockers.is_empty() {
-                return Err(FreezeError::Refused(blockers));
+            // Held first, then asked: an intent accepted before the hold is
+            // pending now, none can be accepted after it.
+            self.upgrades.hold_forwarding(true);
+            let mut now = conditions.clone();
+            now.upgrade.intent_pending |= self.upgrades.intent_pending();
+            let blockers = refusals(&now, view);
+            let entered = if blockers.is_empty() {
+                let state = ConfigState::Changefreeze(Freeze {
+                    since: Timestamp::now(),
+                    reason,
+                    caller_uid: caller,
+                });
+                replace_state(&self.path, &state, &ConfigState::Configured).map(|()| state)
+            } else {
+                Err(FreezeError::Refused(blockers))
+            };
+            match entered {
+                Ok(state) => {
+                    // INVARIANT: lock order is gate, then state.
+                    let mut s = self.lock();
+                    s.state = state;
+                    s.waiting_changes = 0;
+                    Ok(())
+                }
+                Err(e) => {
+                    self.upgrades.hold_forwarding(false);
+                    Err(e)
+                }
             }
-            let state = ConfigState::Changefreeze(Freeze {
-                since: Timestamp::now(),
-                reason,
-                caller_uid: caller,
-            });
-            replace_state(&self.path, &state, &ConfigState::Configured)?;
-            // INVARIANT: lock order is gate, then state.
-            let mut s = self.lock();
-            s.state = state;
-            s.waiting_changes = 0;
-            s.intent_waiting = false;
-            Ok(())
         })?;
         match froze {
             Froze::Now => {
@@ -488,9 +502,9 @@ impl FreezeControl {
             let mut s = self.lock();
             s.state = ConfigState::Configured;
             s.waiting_changes = 0;
-            s.intent_waiting = false;
             Ok(())
         })?;
+        self.upgrades.hold_forwarding(false);
         log::warn!(
             "change freeze ended by uid {caller} (frozen since {} by uid {})",
             since.since,
@@ -638,11 +652,79 @@ mod tests {
         );
     }
 
-    fn control(dir: &Path) -> (FreezeControl, Arc<MutationGate>) {
+    /// Upgrades in memory: what a forwarder would say.
+    #[derive(Debug, Default)]
+    struct FakeUpgrades {
+        held: std::sync::atomic::AtomicBool,
+        pending: std::sync::atomic::AtomicBool,
+        waiting: std::sync::atomic::AtomicBool,
+    }
+
+    impl Upgrades for FakeUpgrades {
+        fn view(&self) -> UpgradeView {
+            UpgradeView {
+                updater: UpdaterView::Absent {},
+                intent_pending: false,
+            }
+        }
+        fn hold_forwarding(&self, held: bool) {
+            self.held.store(held, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn intent_pending(&self) -> bool {
+            self.pending.load(std::sync::atomic::Ordering::SeqCst)
+        }
+        fn intent_waiting(&self) -> bool {
+            self.waiting.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl FakeUpgrades {
+        fn held(&self) -> bool {
+            self.held.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    fn control_with(dir: &Path) -> (FreezeControl, Arc<MutationGate>, Arc<FakeUpgrades>) {
         let layout = Layout::with_root(dir);
         std::fs::create_dir_all(layout.agent_state_dir()).expect("state dir");
         let gate = Arc::new(MutationGate::new());
-        (FreezeControl::load(&layout, Arc::clone(&gate)), gate)
+        let up = Arc::new(FakeUpgrades::default());
+        let fc = FreezeControl::load(
+            &layout,
+            Arc::clone(&gate),
+            Arc::clone(&up) as Arc<dyn Upgrades>,
+        );
+        (fc, gate, up)
+    }
+
+    fn control(dir: &Path) -> (FreezeControl, Arc<MutationGate>) {
+        let (fc, gate, _) = control_with(dir);
+        (fc, gate)
+    }
+
+    #[test]
+    fn forwarding_is_held_while_frozen_and_a_pending_intent_refuses() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (fc, gate, up) = control_with(dir.path());
+        up.pending.store(true, std::sync::atomic::Ordering::SeqCst);
+        let e = fc
+            .freeze(0, None, &good())
+            .expect_err("an intent is pending");
+        assert_eq!(e.reasons(), vec![Refusal::IntentPending]);
+        assert!(!up.held(), "a refusal lets forwarding go on");
+        assert_eq!(gate.admission(), Admission::Open);
+        up.pending.store(false, std::sync::atomic::Ordering::SeqCst);
+        fc.freeze(0, None, &good()).expect("frozen");
+        assert!(up.held());
+        up.waiting.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(fc.report().intent_waiting);
+        // A restart while frozen holds forwarding from the start.
+        let (again, _, up2) = control_with(dir.path());
+        assert!(again.is_frozen() && up2.held());
+        again.unfreeze(0).expect("thawed");
+        assert!(!up2.held(), "the unfreeze lets the current intent through");
+        up2.waiting.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(!again.report().intent_waiting, "not frozen: nothing waits");
     }
 
     #[test]
@@ -674,10 +756,8 @@ mod tests {
         busy.snapshot_complete = false;
         assert_eq!(fc.freeze(0, None, &busy).expect("ok"), Change::Already);
         fc.set_waiting_changes(2);
-        fc.set_intent_waiting(true);
-        let rep = fc.report();
-        assert_eq!((rep.waiting_changes, rep.intent_waiting), (2, true));
-        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(fc.report().waiting_changes, 2);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
 
         // A restart reads it back and starts frozen.
         let (again, gate2) = control(dir.path());

@@ -204,6 +204,15 @@ impl StatusPublisher {
             }
             let now = Instant::now();
             if now >= next_beat {
+                // What waits for an unfreeze may change without a message
+                // (an intent held back): the info follows the heartbeat.
+                let report = self.freeze.report();
+                if report != self.info.config_state {
+                    self.info.config_state = report;
+                    self.info.updated_at = Timestamp::now();
+                    info_pending = true;
+                    retry_at = Some(now);
+                }
                 if let Err(e) = self.put(StatusKey::Heartbeat, &self.heartbeat(None)) {
                     log::warn!(device = device.as_str(); "heartbeat not published: {e}");
                 }
