@@ -1,24 +1,30 @@
 //! `fleet-harness`: real parts for every test — nats-server (single, fleet
 //! layout, 3-node cluster; Debian 2.9 and 2.14), an isolated Podman, an HTTPS
 //! server with a test CA, an OCI registry (Debian's docker-registry) with a
-//! token-auth front, and child processes that are killed and reaped when
-//! a test ends, whatever way it ends.
+//! token-auth front, a booted Debian 12 systemd container, and child
+//! processes that are killed and reaped when a test ends, whatever way it
+//! ends.
 //!
 //! Everything a test starts lives in a guard whose `Drop` stops it and removes
 //! its temp dirs. Ports are random, nothing is global but `OnceLock` caches,
 //! so tests run in parallel threads.
 
+mod builds;
 mod https;
 mod isolation;
 mod nats;
 mod podman;
 mod proc;
 mod registry;
+mod systemd;
 
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use builds::{
+    device_deb, packages_dir, target_dir, test_agent, workspace_version, TEST_AGENT_VERSIONS,
+};
 pub use https::{
     Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
 };
@@ -29,6 +35,10 @@ pub use nats::{
 pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
 pub use registry::{FrontAuth, Registry, RegistryFront, FRONT_SERVICE};
+pub use systemd::{
+    apt_mirror, cache_dir, AgentSettings, ExecOutput, SystemdContainer, EXEC_TIMEOUT,
+    SYSTEMD_IMAGE_REPO,
+};
 
 /// How often [`poll_until`] checks its condition.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);

@@ -1,0 +1,81 @@
+//! What `make packages-for-test` built for the tests: the device packages
+//! and agents of other versions (built with `FLEET_AGENT_VERSION`, for real
+//! upgrades). Tests never build these themselves; a missing one panics with
+//! the make target that builds it.
+
+use std::path::PathBuf;
+
+use crate::workspace_root;
+
+/// Versions `make test-agents` builds (keep in step with the Makefile's
+/// `TEST_AGENT_VERSIONS`).
+pub const TEST_AGENT_VERSIONS: &[&str] = &["9.9.9"];
+
+/// The workspace version (`[workspace.package] version`): the packages'
+/// and the agents' own.
+pub fn workspace_version() -> String {
+    let text = std::fs::read_to_string(workspace_root().join("Cargo.toml"))
+        .unwrap_or_else(|e| panic!("cannot read the workspace Cargo.toml: {e}"));
+    let mut in_section = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_section = line == "[workspace.package]";
+            continue;
+        }
+        if let Some(v) = in_section
+            .then(|| line.strip_prefix("version"))
+            .flatten()
+            .and_then(|rest| rest.trim().strip_prefix('='))
+        {
+            return v.trim().trim_matches('"').to_owned();
+        }
+    }
+    panic!("no version in [workspace.package] of the workspace Cargo.toml");
+}
+
+/// The cargo target dir (`$CARGO_TARGET_DIR` or `<workspace>/target`).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|t| {
+            if t.is_absolute() {
+                t
+            } else {
+                workspace_root().join(t)
+            }
+        })
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// `<target>/packages`, where `make deb` and `make rpm` put packages.
+pub fn packages_dir() -> PathBuf {
+    target_dir().join("packages")
+}
+
+/// The amd64 device package of this build (`harmony-fleet_<v>_amd64.deb`).
+pub fn device_deb() -> PathBuf {
+    let p = packages_dir().join(format!("harmony-fleet_{}_amd64.deb", workspace_version()));
+    if !p.is_file() {
+        panic!(
+            "missing package {}: run `make packages-for-test` (make test does)",
+            p.display()
+        );
+    }
+    p
+}
+
+/// The agent binary that reports `version` (a debug build with
+/// `FLEET_AGENT_VERSION`), from `make test-agents`.
+pub fn test_agent(version: &str) -> PathBuf {
+    let p = target_dir()
+        .join("test-agents")
+        .join(format!("fleet-agent-{version}"));
+    if !p.is_file() {
+        panic!(
+            "missing {}: run `make test-agents` (make test does; versions: {TEST_AGENT_VERSIONS:?})",
+            p.display()
+        );
+    }
+    p
+}
