@@ -20,9 +20,6 @@ export AR_aarch64_unknown_linux_gnu := aarch64-linux-gnu-ar
 export CC_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-gcc
 export AR_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-ar
 
-# Agent versions `make test-agents` builds (fleet_harness::TEST_AGENT_VERSIONS).
-TEST_AGENT_VERSIONS := 9.9.9
-
 # `make install`: DESTDIR stages, PREFIX places the operator CLI (fleetctl).
 # The device files keep the fixed paths of DESIGN.md "On the device" whatever
 # PREFIX says: the units, the updater and the active link name them.
@@ -50,6 +47,29 @@ lint:
 ## build: every binary the integration tests run (debug).
 build:
 	$(CARGO) build --workspace --bins
+
+## test-agents: builds the upgrade tests run besides the normal ones, in $(TEST_AGENTS):
+## fleet-agent-$(UPGRADE_TEST_VERSION) (the agent compiled as another version:
+## FLEET_AGENT_VERSION is read by option_env!, so only the agent crate is
+## rebuilt, twice) and fleet-updater (built with fault injection and test
+## bounds). The version is fleet_harness::UPGRADE_TEST_VERSION.
+UPGRADE_TEST_VERSION := 0.2.0-upgrade-test
+TEST_AGENTS := $(TARGET_DIR)/test-agents
+TEST_AGENT_SOURCES := $(shell find agent/src common/src updater/src -name '*.rs') \
+	agent/Cargo.toml common/Cargo.toml updater/Cargo.toml Cargo.lock
+test-agents: $(TEST_AGENTS)/fleet-agent-$(UPGRADE_TEST_VERSION) $(TEST_AGENTS)/fleet-updater
+
+$(TEST_AGENTS)/fleet-agent-$(UPGRADE_TEST_VERSION): $(TEST_AGENT_SOURCES)
+	mkdir -p $(TEST_AGENTS)
+	FLEET_AGENT_VERSION=$(UPGRADE_TEST_VERSION) $(CARGO) build -p fleet-agent
+	install -s -m 0755 $(TARGET_DIR)/debug/fleet-agent $@.tmp && mv $@.tmp $@
+	$(CARGO) build -p fleet-agent
+
+$(TEST_AGENTS)/fleet-updater: $(TEST_AGENT_SOURCES)
+	mkdir -p $(TEST_AGENTS)
+	$(CARGO) build -p fleet-updater --features fault-injection
+	cp $(TARGET_DIR)/debug/fleet-updater $@.tmp && mv $@.tmp $@
+	$(CARGO) build -p fleet-updater
 
 ## test: the one command: dependencies, lint, build, packages, every test.
 test: deps lint build packages-for-test
@@ -82,13 +102,6 @@ rpm: release
 ## packages: .deb and .rpm of both packages for every ARCH.
 packages:
 	for a in $(ARCHES); do $(MAKE) --no-print-directory deb rpm ARCH=$$a || exit 1; done
-
-## test-agents: agents reporting other versions (FLEET_AGENT_VERSION), for real upgrades in tests.
-test-agents:
-	for v in $(TEST_AGENT_VERSIONS); do \
-		FLEET_AGENT_VERSION=$$v CARGO_TARGET_DIR=$(TARGET_DIR)/test-agents $(CARGO) build -p fleet-agent || exit 1; \
-		install -s -m 0755 $(TARGET_DIR)/test-agents/debug/fleet-agent $(TARGET_DIR)/test-agents/fleet-agent-$$v || exit 1; \
-	done
 
 ## packages-for-test: what the tests use: amd64 packages, the ARM device packages (fleetctl's
 ## ARM builds, ~45 s each, are left to `make packages`), test agents.

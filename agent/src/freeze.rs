@@ -43,6 +43,7 @@ use fleet_common::validate::BoundedText;
 use fleet_common::{Layout, Timestamp};
 
 use crate::gate::{Admission, Froze, GateView, MutationGate};
+use crate::upgrade::UpgradeState;
 
 /// Mode of the freeze file: the agent writes it, the root updater and any
 /// local reader may read it.
@@ -79,20 +80,43 @@ pub trait Upgrades: Send + Sync {
     }
 }
 
-/// [`Upgrades`] from the updater's `status` (until upgrade-intent
-/// forwarding lands, no intent is ever pending).
+/// The agent's [`Upgrades`]: the updater's transaction asked over its
+/// socket (bounded), the intent side and the hold from [`UpgradeState`].
 #[derive(Debug, Clone)]
-pub struct UpdaterSocket {
-    pub path: PathBuf,
+pub struct AgentUpgrades {
+    pub updater_socket: PathBuf,
     pub timeout: Duration,
+    pub state: UpgradeState,
 }
 
-impl Upgrades for UpdaterSocket {
+impl Upgrades for AgentUpgrades {
     fn view(&self) -> UpgradeView {
+        let updater = match updater_view(&self.updater_socket, self.timeout) {
+            // Gone for a moment (restarting) while its last status said a
+            // transaction runs: not known to be over.
+            UpdaterView::Absent {} if self.state.transaction_active() => UpdaterView::Unknown {
+                error: BoundedText::truncate(
+                    "the updater socket is gone and its last status was not terminal",
+                ),
+            },
+            v => v,
+        };
         UpgradeView {
-            updater: updater_view(&self.path, self.timeout),
-            intent_pending: false,
+            updater,
+            intent_pending: self.state.intent_pending(),
         }
+    }
+
+    fn hold_forwarding(&self, held: bool) {
+        self.state.set_forwarding(!held);
+    }
+
+    fn intent_pending(&self) -> bool {
+        self.state.intent_pending()
+    }
+
+    fn intent_waiting(&self) -> bool {
+        self.state.intent_waiting()
     }
 }
 

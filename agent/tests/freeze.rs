@@ -876,3 +876,201 @@ fn traversable(bin: &Path) {
         );
     }
 }
+
+/// The operator's view of a real fleet, through the real `fleetctl`.
+struct Operator {
+    work: tempfile::TempDir,
+    server: String,
+}
+
+impl Operator {
+    fn new(nats: &NatsServer) -> Operator {
+        let work = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            work.path().join("admin-password"),
+            format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD),
+        )
+        .expect("write");
+        Operator {
+            work,
+            server: nats.url(),
+        }
+    }
+
+    /// `fleetctl <args>`: exit code, stdout, stderr.
+    fn run(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        let out = Command::new(bin_path("fleetctl"))
+            .args(args)
+            .args(["--server", &self.server, "--password-file"])
+            .arg(self.work.path().join("admin-password"))
+            .env_remove("FLEET_NATS_URL")
+            .env_remove("FLEET_NATS_PASSWORD_FILE")
+            .output()
+            .expect("fleetctl runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// A release of `version` whose artifact is at `url` (its SHA-256 is
+    /// of other bytes: a download that completes fails the checksum).
+    fn release(&self, version: &str, url: &str) -> String {
+        let arch = Arch::current().expect("a supported architecture");
+        let release = serde_json::json!({
+            "version": version,
+            "artifacts": { arch.as_str(): {
+                "artifact-url": url,
+                "sha256": Sha256Hex::of(b"the real candidate"),
+                "max-bytes": 1024 * 1024,
+            }},
+        });
+        let file = self.work.path().join(format!("release-{version}.json"));
+        std::fs::write(&file, release.to_string()).expect("write");
+        file.to_string_lossy().into_owned()
+    }
+}
+
+/// The real fleet around a frozen agent: `fleetctl status` shows it
+/// frozen and `rollout` skips it (and writes for the other device); an
+/// intent written for it during the freeze waits (reported, not
+/// forwarded) and is forwarded after the unfreeze; an accepted intent
+/// whose transaction is preparing refuses the freeze with
+/// `upgrade-in-progress`, `intent-pending` and `download-in-progress`.
+#[test]
+fn intents_wait_for_the_unfreeze_and_fleetctl_shows_and_skips_frozen_devices() {
+    let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1", "dev2"]);
+    let admin = nats.admin();
+    let op = Operator::new(&nats);
+    let ca = TestCa::new();
+    let dev = bare_device(vec![nats.url()]);
+    let updater = UpdaterRun::start(&dev, &ca);
+    let _agent = dev.start(None);
+    let dev2 = Device::new(
+        "dev2",
+        &Settings {
+            podman: false,
+            ..Settings::new(vec![nats.url()])
+        },
+        None,
+    );
+    let _agent2 = dev2.start(None);
+    wait_freezable(&dev);
+    let artifacts = HttpsServer::start(&ca);
+    artifacts.route("/a", Behavior::Bytes(b"not the candidate".to_vec()));
+    artifacts.route("/b", Behavior::Stall);
+
+    freeze_ok(&dev, "on the road");
+    poll_until("frozen device info", CONVERGE, || {
+        status::<DeviceInfo>(&admin, "dev1", "info").filter(|i| i.config_state.state.is_frozen())
+    });
+    let (code, out, err) = op.run(&["status"]);
+    assert_eq!(code, Some(0), "{err}");
+    let row = |d: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{d} ")))
+            .unwrap_or_else(|| panic!("no {d} row: {out}"))
+            .to_owned()
+    };
+    assert!(row("dev1").contains(" changefreeze "), "{out}");
+    assert!(row("dev2").contains(" configured "), "{out}");
+    let (code, out, _) = op.run(&["status", "--json"]);
+    assert_eq!(code, Some(0));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect("json");
+    let state_of = |d: &str| {
+        rows.iter()
+            .find(|r| r["device"] == d)
+            .map(|r| r["config-state"].clone())
+    };
+    assert_eq!(state_of("dev1"), Some("changefreeze".into()));
+    assert_eq!(state_of("dev2"), Some("configured".into()));
+
+    // rollout skips the frozen device and says so.
+    let rel_a = op.release("9.9.9", &artifacts.url("/a"));
+    let (code, out, err) = op.run(&["rollout", "--release", &rel_a]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("dev1: skipped: frozen (changefreeze)")),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("dev2: wrote attempt ")),
+        "{out}"
+    );
+
+    // An intent written anyway waits for the unfreeze: reported, not forwarded.
+    let (code, out, err) = op.run(&["upgrade", "dev1", "--release", &rel_a]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("the device is frozen: its agent forwards it after the unfreeze"),
+        "{out}"
+    );
+    let uuid_a = out
+        .trim()
+        .strip_prefix("dev1: wrote attempt ")
+        .and_then(|r| r.split(' ').next())
+        .map(|u| AttemptUuid::parse(u).expect("uuid"))
+        .unwrap_or_else(|| panic!("{out}"));
+    poll_until("the intent waiting in the heartbeat", CONVERGE, || {
+        heartbeat(&admin)
+            .filter(|h| h.config_state.state.is_frozen() && h.config_state.intent_waiting)
+    });
+    assert!(agent_status(&dev).config_state.intent_waiting);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        artifacts.requests().is_empty(),
+        "forwarded during the freeze"
+    );
+    assert_eq!(updater.phase(), None, "the updater saw no attempt");
+
+    // Unfreeze: the waiting intent is forwarded (and fails its checksum).
+    unfreeze_ok(&dev);
+    let failed = poll_until("attempt a failed", CONVERGE, || {
+        status::<fleet_common::contracts::UpgradeStatus>(&admin, "dev1", "upgrade")
+            .filter(|s| s.attempt_uuid == uuid_a && s.phase == UpgradePhase::Failed)
+    });
+    assert_eq!(
+        failed.reason,
+        Some(fleet_common::contracts::UpgradeReason::Checksum),
+        "{failed:?}"
+    );
+    assert!(artifacts.requests().iter().any(|r| r.path == "/a"));
+    wait_freezable(&dev);
+
+    // An accepted intent preparing, its download stalled: refused.
+    let rel_b = op.release("9.9.8", &artifacts.url("/b"));
+    let (code, _, err) = op.run(&["upgrade", "dev1", "--release", &rel_b]);
+    assert_eq!(code, Some(0), "{err}");
+    poll_until("the stalled artifact requested", CONVERGE, || {
+        artifacts
+            .requests()
+            .iter()
+            .any(|r| r.path == "/b")
+            .then_some(())
+    });
+    let e = wait_refused_with(
+        &dev,
+        &[
+            Refusal::UpgradeInProgress,
+            Refusal::IntentPending,
+            Refusal::DownloadInProgress,
+        ],
+    );
+    assert!(
+        e.message
+            .as_str()
+            .contains("an upgrade intent was accepted and has not completed"),
+        "{e}"
+    );
+    assert!(agent_status(&dev).upgrade.intent_pending);
+
+    // The download fails: nothing pending any more, the freeze is accepted.
+    drop(artifacts);
+    poll_until(
+        "a freeze accepted after the failed attempt",
+        CONVERGE,
+        || (node(&dev, &["freeze"]).code == Some(0)).then_some(()),
+    );
+}

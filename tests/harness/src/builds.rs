@@ -1,15 +1,10 @@
-//! What `make packages-for-test` built for the tests: the device packages
-//! and agents of other versions (built with `FLEET_AGENT_VERSION`, for real
-//! upgrades). Tests never build these themselves; a missing one panics with
-//! the make target that builds it.
+//! What `make packages-for-test` built for the tests: the device packages.
+//! Tests never build these themselves; a missing one panics with the make
+//! target that builds it.
 
 use std::path::PathBuf;
 
 use crate::workspace_root;
-
-/// Versions `make test-agents` builds (keep in step with the Makefile's
-/// `TEST_AGENT_VERSIONS`).
-pub const TEST_AGENT_VERSIONS: &[&str] = &["9.9.9"];
 
 /// The workspace version (`[workspace.package] version`): the packages'
 /// and the agents' own.
@@ -59,21 +54,6 @@ pub fn device_deb() -> PathBuf {
     if !p.is_file() {
         panic!(
             "missing package {}: run `make packages-for-test` (make test does)",
-            p.display()
-        );
-    }
-    p
-}
-
-/// The agent binary that reports `version` (a debug build with
-/// `FLEET_AGENT_VERSION`), from `make test-agents`.
-pub fn test_agent(version: &str) -> PathBuf {
-    let p = target_dir()
-        .join("test-agents")
-        .join(format!("fleet-agent-{version}"));
-    if !p.is_file() {
-        panic!(
-            "missing {}: run `make test-agents` (make test does; versions: {TEST_AGENT_VERSIONS:?})",
             p.display()
         );
     }

@@ -10,6 +10,7 @@
 //! so tests run in parallel threads.
 
 mod builds;
+mod device;
 mod https;
 mod isolation;
 mod nats;
@@ -22,8 +23,9 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-pub use builds::{
-    device_deb, packages_dir, target_dir, test_agent, workspace_version, TEST_AGENT_VERSIONS,
+pub use builds::{device_deb, packages_dir, target_dir, workspace_version};
+pub use device::{
+    device_root, test_agent_path, test_updater_path, DeviceRoot, UPGRADE_TEST_VERSION,
 };
 pub use https::{
     Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
@@ -85,7 +87,7 @@ pub(crate) fn find_tool(tool: &str) -> Option<PathBuf> {
 
 /// The target dir of this build: the test binary runs from
 /// `<target>/debug/deps/`, so its grandparent is `<target>/debug`.
-fn profile_dir() -> PathBuf {
+pub(crate) fn profile_dir() -> PathBuf {
     if let Ok(exe) = std::env::current_exe() {
         if let Some(deps) = exe.parent() {
             if deps.file_name().is_some_and(|n| n == "deps") {

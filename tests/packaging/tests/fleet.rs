@@ -1,6 +1,6 @@
 //! The installed device in a fleet, end to end on a booted Debian 12: both
 //! services reach READY, the agent on the host's nats-server with rootless
-//! Podman nested; an upgrade to 9.9.9, served over HTTPS from the host, goes
+//! Podman nested; an upgrade to the test agent version, served over HTTPS from the host, goes
 //! through the installed updater under systemd; a package upgrade afterwards
 //! keeps the agent the updater installed (the link is not moved, the agent
 //! not restarted).
@@ -17,8 +17,8 @@ use fleet_common::validate::{
     Arch as AgentArch, ArtifactUrl, AttemptUuid, DeviceId, MaxBytes, Sha256Hex, Version,
 };
 use fleet_harness::{
-    poll_until, test_agent, AgentSettings, Behavior, HttpsServer, NatsServer, NatsVersion,
-    SystemdContainer, TestCa,
+    poll_until, test_agent_path, AgentSettings, Behavior, HttpsServer, NatsServer, NatsVersion,
+    SystemdContainer, TestCa, UPGRADE_TEST_VERSION,
 };
 use fleet_packaging_tests::{build_package, workspace_version, Arch, Role};
 
@@ -28,7 +28,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const UPGRADE_TIMEOUT: Duration = Duration::from_secs(300);
 const DEVICE: &str = "dev1";
 const LINK: &str = "/usr/local/bin/fleet-agent";
-const NEXT_AGENT: &str = "9.9.9";
+const NEXT_AGENT: &str = UPGRADE_TEST_VERSION;
 
 fn kv(admin: &nats::Connection, bucket: &str) -> nats::kv::Store {
     nats::jetstream::new(admin.clone())
@@ -102,12 +102,12 @@ fn the_device_joins_the_fleet_upgrades_and_a_package_upgrade_keeps_the_upgrade()
     assert_eq!(info.agent_version.as_str(), v);
     assert!(info.podman_version.is_some(), "{info:?}");
 
-    // The operator's attempt: 9.9.9 over HTTPS from the host.
-    let bytes = std::fs::read(test_agent(NEXT_AGENT)).expect("test agent");
-    https.route("/fleet-agent-9.9.9", Behavior::Bytes(bytes.clone()));
+    // The operator's attempt: the test agent version over HTTPS from the host.
+    let bytes = std::fs::read(test_agent_path(NEXT_AGENT)).expect("test agent");
+    https.route("/fleet-agent-next", Behavior::Bytes(bytes.clone()));
     let attempt = AgentUpgradeAttempt {
         arch: AgentArch::X86_64,
-        artifact_url: ArtifactUrl::parse(&https.url("/fleet-agent-9.9.9")).expect("url"),
+        artifact_url: ArtifactUrl::parse(&https.url("/fleet-agent-next")).expect("url"),
         device_id: DeviceId::parse(DEVICE).expect("device"),
         max_bytes: MaxBytes::new(bytes.len() as u64).expect("max bytes"),
         sha256: Sha256Hex::of(&bytes),
@@ -179,7 +179,7 @@ fn the_device_joins_the_fleet_upgrades_and_a_package_upgrade_keeps_the_upgrade()
     assert_eq!(running_agent(&c), upgraded);
     c.wait_active("fleet-agent.service", READY_TIMEOUT);
 
-    // A package upgrade: the updater restarts, the agent keeps 9.9.9 and
+    // A package upgrade: the updater restarts, the agent keeps the upgraded version and
     // keeps running.
     let agent_run = show(&c, "fleet-agent.service", "InvocationID");
     let updater_run = show(&c, "fleet-updater.service", "InvocationID");
