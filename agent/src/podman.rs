@@ -298,33 +298,35 @@ impl Podman {
         }
     }
 
-    /// Makes the image local as the pull policy says; pulls are bounded by
-    /// the pull timeout.
-    pub fn ensure_image(&self, image: &ImageRef, policy: PullPolicy) -> Result<(), PodmanError> {
-        let pull = match policy {
-            PullPolicy::Always => true,
-            PullPolicy::Missing => !self.image_exists(image)?,
+    /// Whether the pull policy calls for a pull of `image` now; an error
+    /// when it is not local and the policy forbids pulling.
+    pub fn needs_pull(&self, image: &ImageRef, policy: PullPolicy) -> Result<bool, PodmanError> {
+        match policy {
+            PullPolicy::Always => Ok(true),
+            PullPolicy::Missing => Ok(!self.image_exists(image)?),
             PullPolicy::Never => {
                 if self.image_exists(image)? {
-                    false
+                    Ok(false)
                 } else {
-                    return Err(PodmanError::Failed {
+                    Err(PodmanError::Failed {
                         what: format!("image {image}"),
                         status: "not local".into(),
                         stderr: "the spec says pull: never and the image is not in local storage"
                             .into(),
-                    });
+                    })
                 }
             }
-        };
-        if pull {
-            self.call(
-                &format!("pull {image}"),
-                &["pull", "--quiet", image.as_str()],
-                self.settings.pull_timeout,
-            )?;
         }
-        Ok(())
+    }
+
+    /// Pulls `image`, bounded by the pull timeout.
+    pub fn pull(&self, image: &ImageRef) -> Result<(), PodmanError> {
+        self.call(
+            &format!("pull {image}"),
+            &["pull", "--quiet", image.as_str()],
+            self.settings.pull_timeout,
+        )
+        .map(drop)
     }
 
     /// Creates and starts the workload's container; returns its id.
