@@ -4,6 +4,8 @@
 //! Startup, each step reported as a systemd `STATUS=` line; `READY=1` only
 //! when all are done:
 //! 1. read the config; take the one-mutator lock; make the state directory;
+//!    read the persisted change freeze (a frozen agent applies nothing
+//!    newer than its last applied specs); open the agent socket;
 //! 2. reach Podman (when enabled);
 //! 3. connect to NATS (15 s per attempt, over a 3-minute window);
 //! 4. publish device info, acknowledged; read the updater's transaction
@@ -22,7 +24,8 @@
 //! publish the acknowledged `stopping` heartbeat with the drain duration
 //! (and, when the updater is stopping this agent for a cutover, the
 //! upgrade status `stopping` with reason `updater`, side by side), flush
-//! NATS, send STOPPING=1, exit — within systemd's 60 s.
+//! NATS, close the agent socket, send STOPPING=1, exit — within systemd's
+//! 60 s. The socket answers (`draining`) until then.
 
 use std::fmt;
 use std::io;
@@ -36,8 +39,10 @@ use fleet_common::signals::{SignalError, TermSignal, TerminationSignals};
 use fleet_common::validate::{Arch, Version};
 use fleet_common::Timestamp;
 
+use crate::api::{self, AgentApi};
 use crate::config::{Config, ConfigError, PodmanMode};
 use crate::desired;
+use crate::freeze::{AgentUpgrades, FreezeControl, Upgrades, UPDATER_STATUS_TIMEOUT};
 use crate::gate::{ClosedBy, MutationGate};
 use crate::lock::{AgentLock, LockError};
 use crate::nats::{self, NatsError, PublishError, Reconnect};
@@ -92,6 +97,7 @@ pub enum RunError {
         name: &'static str,
         source: io::Error,
     },
+    Socket(fleet_common::socket::SocketError),
     Upgrade(StartupError),
 }
 
@@ -123,6 +129,7 @@ impl fmt::Display for RunError {
                 }
             }
             Self::Thread { name, source } => write!(f, "starting thread {name}: {source}"),
+            Self::Socket(e) => write!(f, "the agent socket: {e}"),
             Self::Upgrade(e) => write!(f, "{e}"),
         }
     }
@@ -143,6 +150,7 @@ impl RunError {
             Self::Lock(_) => 20,
             Self::StateDir { .. } => 20,
             Self::DeviceInfo { .. } => 21,
+            Self::Socket(_) => 23,
             Self::Upgrade(StartupError::NotPublished { .. }) => 21,
             Self::Upgrade(StartupError::NotTheTarget { .. }) => 22,
             Self::Upgrade(StartupError::Thread { .. } | StartupError::AlreadyStarted) => 1,
@@ -197,6 +205,28 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             })?;
     }
     log::info!(device = device.as_str(), version = version.as_str(); "config {} read, lock {} taken", config_path.display(), lock.path().display());
+    // Before the freeze is read: a frozen agent holds forwarding from the start.
+    let upgrade_state = UpgradeState::new();
+    let upgrades: Arc<dyn Upgrades> = Arc::new(AgentUpgrades {
+        updater_socket: layout.updater_socket(),
+        timeout: UPDATER_STATUS_TIMEOUT,
+        state: upgrade_state.clone(),
+    });
+    let freeze = Arc::new(FreezeControl::load(
+        &layout,
+        Arc::clone(&gate),
+        Arc::clone(&upgrades),
+    ));
+    let api = Arc::new(AgentApi::new(
+        device.clone(),
+        version.clone(),
+        Arc::clone(&freeze),
+        Arc::clone(&gate),
+        upgrades,
+        config.intervals.heartbeat,
+    ));
+    let api_server = api::serve(&layout, Arc::clone(&api)).map_err(RunError::Socket)?;
+    log::info!(device = device.as_str(); "agent socket {} open", layout.agent_socket().display());
     notify::status("config read, lock taken");
 
     // 2. Podman.
@@ -226,6 +256,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         Err(NatsError::Interrupted) => return stopped_during_startup(),
         Err(e) => return Err(RunError::Nats(e)),
     };
+    api.set_nats(Arc::clone(&nats));
     let window_end = Instant::now() + NATS_CONNECT_WINDOW;
     notify::status(&format!(
         "connected to NATS at {}; publishing device info",
@@ -238,7 +269,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         &version,
         arch,
         podman.as_ref().map(|(_, v)| v.as_str()),
-        status::config_state(),
+        freeze.report(),
         started_at,
     );
     loop {
@@ -260,7 +291,6 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     }
     // The updater's transaction, before anything mutates: after a cutover
     // this binary must be the target it is starting.
-    let upgrade_state = UpgradeState::new();
     let recovered = upgrade::recovered_transaction(&upgrade_state, &layout, &version)
         .map_err(RunError::Upgrade)?;
     notify::status("device info published; reading the desired state");
@@ -273,9 +303,18 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         started,
         heartbeat: config.intervals.heartbeat,
         podman: podman.as_ref().map(|(p, _)| p.clone()),
+        freeze: Arc::clone(&freeze),
     }
     .spawn()
     .map_err(thread_err("agent-status"))?;
+    {
+        let to_status = status.sender();
+        freeze.on_change(move || {
+            let _ = to_status.send(StatusMsg::ConfigState);
+        });
+        // A change made before this point (by an early caller) is published too.
+        let _ = status.sender().send(StatusMsg::ConfigState);
+    }
     let reconciler = match podman {
         Some((p, _)) => {
             let to_status = status.sender();
@@ -283,6 +322,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
                 device.clone(),
                 p,
                 Arc::clone(&gate),
+                Arc::clone(&freeze),
                 Arc::clone(&lock),
                 &layout,
                 config.intervals.resync,
@@ -310,6 +350,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         )
         .map_err(thread_err("agent-desired"))?
     };
+    api.set_desired(Arc::clone(&watcher.status));
     let keys = loop {
         if shutdown.is_requested() {
             break None;
@@ -343,6 +384,9 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             .map_err(RunError::Upgrade)?,
         None => None,
     };
+    if let Some(u) = &upgrade {
+        api.resync_on_unfreeze(u.intents_status());
+    }
     match (keys, &upgrade) {
         (Some(n), Some(_)) => notify::ready(&format!(
             "device {device}, {n} workloads desired, NATS connected"
@@ -385,6 +429,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     if let Err(e) = nats.flush(FLUSH_TIMEOUT) {
         log::warn!("flushing NATS: {e}");
     }
+    api_server.stop();
     notify::stopping(&format!(
         "stopped on {}; drained in {} ms",
         sig.map_or("request", TermSignal::name),

@@ -1,15 +1,18 @@
 //! `fleet-agent`: reconciles Podman workloads from NATS JetStream KV,
 //! reports status, forwards upgrade intents, honours change freeze.
 //!
-//! `main` parses the arguments, calls one mode (`run` or `--self-test`)
-//! and maps its outcome to an exit code.
+//! `main` parses the arguments, calls one mode (`run`, `--self-test` or
+//! `node ...`) and maps its outcome to an exit code.
 
+mod api;
 mod config;
 mod daemon;
 mod desired;
+mod freeze;
 mod gate;
 mod lock;
 mod nats;
+mod node;
 mod notify;
 mod podman;
 mod probe;
@@ -44,9 +47,20 @@ Usage:
                                            buckets, keys, the updater socket and a
                                            complete snapshot; change nothing; print
                                            one JSON report (with the version) on stdout
+  fleet-agent node freeze [--reason TEXT] [--json] [--config PATH]
+                                           enter the change freeze: desired state is
+                                           recorded, not applied; upgrades wait; missing
+                                           containers are restored from local images
+  fleet-agent node unfreeze [--json] [--config PATH]
+                                           end it: a new snapshot is read and applied
+  fleet-agent node status [--json] [--config PATH]
+                                           the running agent's view, and whether a
+                                           freeze would be accepted now
   fleet-agent --help | --version
 
-PATH defaults to {config}.
+PATH defaults to {config}. `node` talks to the running agent's socket
+({socket}, under the config's root when --config is given); only root,
+members of group fleet-control and the agent's own user may.
 
 Config keys (JSON, unknown keys refused): device-id, nats.servers,
 nats.auth.method (none | user-password: user, password-file | token:
@@ -72,8 +86,21 @@ Exit codes:
                         acknowledged by JetStream
   22  upgrade-target    (run) the updater is starting an upgrade target and this
                         binary is another version: no READY, so it rolls back
+  23  agent-socket      (run) the agent socket cannot be bound
+
+Exit codes of `node`:
+   0  done (or already so)
+   1  the agent answered another error
+   3  refused: the agent cannot freeze now; every reason and a retry hint
+      are printed (reasons: no-snapshot, disconnected, draining,
+      upgrade-in-progress, intent-pending, reconciler-busy,
+      download-in-progress)
+   4  forbidden: not root, fleet-control or the agent's user
+   5  unreachable: no agent answers on the socket
+  10  config            the config named by --config cannot be read
 ",
         config = Layout::production().agent_config().display(),
+        socket = Layout::production().agent_socket().display(),
         defaults = config::DEFAULTS,
     )
 }
@@ -83,11 +110,18 @@ Exit codes:
 enum Command {
     Run { config: PathBuf },
     SelfTest { config: PathBuf },
+    Node(node::NodeArgs),
     Help,
     Version,
 }
 
 fn parse_args(args: &[String]) -> Result<Command, String> {
+    if args.first().map(String::as_str) == Some("node") {
+        if args.iter().any(|a| a == "--help" || a == "-h") {
+            return Ok(Command::Help);
+        }
+        return node::parse(&args[1..]).map(Command::Node);
+    }
     let mut mode: Option<&str> = None;
     let mut config: Option<PathBuf> = None;
     let mut it = args.iter();
@@ -112,6 +146,21 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
 }
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = match parse_args(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fleet-agent: {e}; see fleet-agent --help");
+            return ExitCode::from(2);
+        }
+    };
+    if let Command::Node(a) = &command {
+        // A short client: Ctrl-C ends it as usual.
+        let out = node::run(a);
+        print!("{}", out.stdout);
+        eprint!("{}", out.stderr);
+        return ExitCode::from(out.code);
+    }
     // Before any thread exists, so every thread inherits the mask and only
     // the signal thread ever takes SIGTERM.
     let signals = match TerminationSignals::block() {
@@ -121,15 +170,9 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let command = match parse_args(&args) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("fleet-agent: {e}; see fleet-agent --help");
-            return ExitCode::from(2);
-        }
-    };
     match command {
+        // Answered above, without blocking signals.
+        Command::Node(_) => ExitCode::from(1),
         Command::Help => {
             print!("{}", help());
             ExitCode::SUCCESS
@@ -213,5 +256,19 @@ mod tests {
             Err("--config needs a path".into())
         );
         assert!(help().contains("17  snapshot"));
+        assert!(help().contains("3  refused"));
+        assert_eq!(
+            parse_args(&args(&["node", "status", "--json"])),
+            Ok(Command::Node(node::NodeArgs {
+                command: node::NodeCommand::Status,
+                json: true,
+                config: None
+            }))
+        );
+        assert_eq!(parse_args(&args(&["node", "--help"])), Ok(Command::Help));
+        assert_eq!(
+            parse_args(&args(&["run", "node"])),
+            Err("unexpected argument \"node\"".into())
+        );
     }
 }

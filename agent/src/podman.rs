@@ -355,33 +355,35 @@ impl Podman {
         }
     }
 
-    /// Makes the image local as the pull policy says; pulls are bounded by
-    /// the pull timeout.
-    pub fn ensure_image(&self, image: &ImageRef, policy: PullPolicy) -> Result<(), PodmanError> {
-        let pull = match policy {
-            PullPolicy::Always => true,
-            PullPolicy::Missing => !self.image_exists(image)?,
+    /// Whether the pull policy calls for a pull of `image` now; an error
+    /// when it is not local and the policy forbids pulling.
+    pub fn needs_pull(&self, image: &ImageRef, policy: PullPolicy) -> Result<bool, PodmanError> {
+        match policy {
+            PullPolicy::Always => Ok(true),
+            PullPolicy::Missing => Ok(!self.image_exists(image)?),
             PullPolicy::Never => {
                 if self.image_exists(image)? {
-                    false
+                    Ok(false)
                 } else {
-                    return Err(PodmanError::Failed {
+                    Err(PodmanError::Failed {
                         what: format!("image {image}"),
                         status: "not local".into(),
                         stderr: "the spec says pull: never and the image is not in local storage"
                             .into(),
-                    });
+                    })
                 }
             }
-        };
-        if pull {
-            self.call(
-                &format!("pull {image}"),
-                &["pull", "--quiet", image.as_str()],
-                self.settings.pull_timeout,
-            )?;
         }
-        Ok(())
+    }
+
+    /// Pulls `image`, bounded by the pull timeout.
+    pub fn pull(&self, image: &ImageRef) -> Result<(), PodmanError> {
+        self.call(
+            &format!("pull {image}"),
+            &["pull", "--quiet", image.as_str()],
+            self.settings.pull_timeout,
+        )
+        .map(drop)
     }
 
     /// Creates and starts the workload's container; returns its id.
@@ -399,38 +401,6 @@ impl Podman {
             self.settings.command_timeout,
         )?;
         Ok(String::from_utf8_lossy(&out).trim().to_owned())
-    }
-
-    /// Makes the image local as the spec's pull policy says, then creates
-    /// and starts the container; returns its id.
-    ///
-    /// With `missing` and `never` (nothing to pull when the image is
-    /// local, the common case), `podman run --pull=never` is tried first
-    /// and the image is looked at only if that fails: one podman call
-    /// instead of two (each costs ~50 ms of podman start-up, which the
-    /// desired-state put → running figure pays in full). A run that failed
-    /// with the image local keeps its own error; a missing image is pulled
-    /// (`missing`, bounded by the pull timeout) or refused (`never`).
-    pub fn ensure_image_and_run(
-        &self,
-        device: &DeviceId,
-        workload: &WorkloadName,
-        spec: &WorkloadSpec,
-    ) -> Result<String, PodmanError> {
-        match spec.pull {
-            PullPolicy::Always => {
-                self.ensure_image(&spec.image, spec.pull)?;
-                self.run(device, workload, spec)
-            }
-            PullPolicy::Missing | PullPolicy::Never => match self.run(device, workload, spec) {
-                Ok(id) => Ok(id),
-                Err(e) if self.image_exists(&spec.image)? => Err(e),
-                Err(_) => {
-                    self.ensure_image(&spec.image, spec.pull)?;
-                    self.run(device, workload, spec)
-                }
-            },
-        }
     }
 
     /// Starts an existing (exited) container.

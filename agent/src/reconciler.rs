@@ -27,7 +27,16 @@
 //! restored; an invalid spec keeps the running container. Containers
 //! without our managed-by and device labels never reach this module.
 //! Failed mutations, and restores that come back within a minute, back off
-//! per workload (5 s doubling to 5 min).
+//! per workload (5 s doubling to 5 min). A container running the desired
+//! spec is recorded as applied even when an earlier run created it.
+//!
+//! During a change freeze (the gate says [`Admission::Frozen`]) a pass
+//! plans with [`plan_frozen`] instead: only missing or exited containers of
+//! the last applied specs are restored, with local images only; nothing is
+//! pulled, replaced or removed. Desired changes are still received and
+//! counted ([`waiting_changes`]) for the report, and applied after the
+//! unfreeze. The workload report then describes what runs: the applied
+//! specs, plus desired workloads that wait.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,7 +46,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fleet_common::contracts::{
-    AppliedSpecs, ImageRef, WorkloadSpec, WorkloadState, WorkloadStatus, WorkloadsReport,
+    AppliedSpecs, ImageRef, PullPolicy, WorkloadSpec, WorkloadState, WorkloadStatus,
+    WorkloadsReport,
 };
 use fleet_common::durable;
 use fleet_common::limits::MAX_STATE_FILE_BYTES;
@@ -45,7 +55,8 @@ use fleet_common::validate::{BoundedText, DeviceId, Sha256Hex, WorkloadName};
 use fleet_common::{Layout, Timestamp};
 
 use crate::desired::{DesiredChange, DesiredEntry, DesiredMap};
-use crate::gate::MutationGate;
+use crate::freeze::FreezeControl;
+use crate::gate::{Admission, MutationGate, MutationKind, Permit};
 use crate::lock::AgentLock;
 use crate::podman::{LiveContainer, LiveState, Podman, PodmanError, ProcessIdentity};
 use crate::shutdown::Shutdown;
@@ -240,6 +251,92 @@ pub fn plan(
     all
 }
 
+/// The mutations that restore the last applied specs during a change
+/// freeze: a missing container is recreated, an exited one started (or
+/// recreated when it cannot start), with local images only. Containers of
+/// another spec, and workloads not applied, are left as they are.
+pub fn plan_frozen(
+    applied: &BTreeMap<WorkloadName, WorkloadSpec>,
+    live: &[LiveContainer],
+    blocked: impl Fn(&ActionKey) -> bool,
+) -> Vec<Action> {
+    let mut creates = Vec::new();
+    let mut restores = Vec::new();
+    for (w, spec) in applied {
+        let hash = spec.spec_hash();
+        let mine: Vec<&LiveContainer> = live
+            .iter()
+            .filter(|c| c.workload.as_ref() == Some(w))
+            .collect();
+        let mut matching: Vec<&LiveContainer> = mine
+            .iter()
+            .copied()
+            .filter(|c| c.spec_hash.as_deref() == Some(hash.as_str()))
+            .collect();
+        matching.sort_by_key(|c| c.state != LiveState::Running);
+        match matching.first() {
+            Some(c) if matches!(c.state, LiveState::Down(_)) => restores.push(Action::Restore {
+                workload: w.clone(),
+                container: (*c).clone(),
+                spec: Some(spec.clone()),
+            }),
+            Some(_) => {}
+            None if mine.is_empty() => creates.push(Action::Create {
+                workload: w.clone(),
+                spec: spec.clone(),
+                missing: true,
+            }),
+            None => {}
+        }
+    }
+    let mut all = creates;
+    all.extend(restores);
+    all.retain(|a| !blocked(&a.key()));
+    all
+}
+
+/// Desired changes an unfreeze would apply: workloads whose valid desired
+/// spec differs from the applied one (or was never applied), and applied
+/// workloads no longer desired. An invalid value changes nothing.
+pub fn waiting_changes(
+    desired: &DesiredMap,
+    applied: &BTreeMap<WorkloadName, WorkloadSpec>,
+) -> u32 {
+    let changed = desired
+        .iter()
+        .filter(|(w, e)| match e {
+            DesiredEntry::Valid(spec) => {
+                applied.get(*w).map(WorkloadSpec::spec_hash) != Some(spec.spec_hash())
+            }
+            DesiredEntry::Invalid { .. } => false,
+        })
+        .count();
+    let removed = applied.keys().filter(|w| !desired.contains_key(*w)).count();
+    u32::try_from(changed + removed).unwrap_or(u32::MAX)
+}
+
+/// What runs during a freeze, for the report: the applied specs, and the
+/// desired entries of workloads never applied (waiting).
+fn frozen_view(desired: &DesiredMap, applied: &BTreeMap<WorkloadName, WorkloadSpec>) -> DesiredMap {
+    let mut view: DesiredMap = applied
+        .iter()
+        .map(|(w, s)| (w.clone(), DesiredEntry::Valid(s.clone())))
+        .collect();
+    for (w, e) in desired {
+        view.entry(w.clone()).or_insert_with(|| e.clone());
+    }
+    view
+}
+
+/// Where images may come from for a mutation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ImageSource {
+    /// As the spec's pull policy says.
+    AsSpecified,
+    /// Local storage only (a change freeze).
+    LocalOnly,
+}
+
 /// Bookkeeping of one desired workload.
 #[derive(Debug, Clone)]
 struct Tracked {
@@ -316,6 +413,7 @@ pub struct Reconciler {
     device: DeviceId,
     podman: Podman,
     gate: Arc<MutationGate>,
+    freeze: Arc<FreezeControl>,
     _lock: Arc<AgentLock>,
     applied_path: PathBuf,
     applied: BTreeMap<WorkloadName, WorkloadSpec>,
@@ -370,10 +468,12 @@ fn unix_now() -> i64 {
 impl Reconciler {
     /// Reads the applied specs of an earlier run (absent or unreadable:
     /// none). Taking `lock` proves this process is the one mutator.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         device: DeviceId,
         podman: Podman,
         gate: Arc<MutationGate>,
+        freeze: Arc<FreezeControl>,
         lock: Arc<AgentLock>,
         layout: &Layout,
         resync: Duration,
@@ -398,6 +498,7 @@ impl Reconciler {
             device,
             podman,
             gate,
+            freeze,
             _lock: lock,
             applied_path,
             applied,
@@ -512,7 +613,8 @@ impl Reconciler {
 
     /// Re-reads live state and does one mutation at a time until the plan
     /// is empty, the gate refuses, or a new desired change arrives (which
-    /// is applied before the next mutation is planned).
+    /// is applied before the next mutation is planned). Plans for a change
+    /// freeze while the gate is frozen.
     fn pass(&mut self, rx: &Receiver<ReconcilerMsg>, shutdown: &Shutdown) {
         let full_every = self.resync * FULL_RESYNC_EVERY;
         let mut kept = self
@@ -538,21 +640,43 @@ impl Reconciler {
                 },
             };
             let now = Instant::now();
-            self.observe(&live, now);
-            let Some(desired) = self.desired.as_ref() else {
+            let frozen = self.gate.admission() == Admission::Frozen;
+            let Some(desired) = self.desired.take() else {
                 return;
             };
+            if frozen {
+                self.freeze
+                    .set_waiting_changes(waiting_changes(&desired, &self.applied));
+                self.observe(&frozen_view(&desired, &self.applied), &live, now);
+            } else {
+                self.adopt(&desired, &live);
+                self.observe(&desired, &live, now);
+            }
             let tracked = &self.tracked;
             let removal = &self.removal_backoff;
             let backing_off = std::cell::Cell::new(false);
-            let actions = plan(desired, &live, &self.applied, |k| {
+            let blocked = |k: &ActionKey| {
                 let blocked = match k {
                     ActionKey::Workload(w) => tracked.get(w).is_some_and(|t| t.backoff.blocks(now)),
                     ActionKey::Container(id) => removal.get(id).is_some_and(|b| b.blocks(now)),
                 };
                 backing_off.set(backing_off.get() || blocked);
                 blocked
-            });
+            };
+            let (actions, kind, images) = if frozen {
+                (
+                    plan_frozen(&self.applied, &live, blocked),
+                    MutationKind::LocalRestore,
+                    ImageSource::LocalOnly,
+                )
+            } else {
+                (
+                    plan(&desired, &live, &self.applied, blocked),
+                    MutationKind::Change,
+                    ImageSource::AsSpecified,
+                )
+            };
+            self.desired = Some(desired);
             self.gate.set_pending(actions.len());
             let Some(action) = actions.into_iter().next() else {
                 if !backing_off.get() {
@@ -561,32 +685,132 @@ impl Reconciler {
                 return;
             };
             let what = action.describe();
-            let Some(permit) = self.gate.begin(&what) else {
+            let Some(permit) = self.gate.begin(&what, kind) else {
+                if !frozen && self.gate.admission() == Admission::Frozen {
+                    // A freeze began since the plan: plan again for it.
+                    continue;
+                }
                 log::info!(device = self.device.as_str(); "not starting {what}: mutations are not admitted now");
                 return;
             };
-            log::info!(device = self.device.as_str(); "{what}");
-            let result = self.execute(&action);
+            match images {
+                ImageSource::AsSpecified => log::info!(device = self.device.as_str(); "{what}"),
+                ImageSource::LocalOnly => {
+                    log::info!(device = self.device.as_str(); "{what} (change freeze: last applied spec, local image)")
+                }
+            }
+            let result = self.execute(&action, &permit, images);
             let took = permit.elapsed();
             drop(permit);
             self.record(&action, result, took);
         }
     }
 
-    fn execute(&self, action: &Action) -> Result<(), PodmanError> {
+    /// Records as applied the desired specs a running container already
+    /// has (created by an earlier run whose record was lost).
+    fn adopt(&mut self, desired: &DesiredMap, live: &[LiveContainer]) {
+        let mut changed = false;
+        for (w, entry) in desired {
+            let DesiredEntry::Valid(spec) = entry else {
+                continue;
+            };
+            let hash = spec.spec_hash();
+            if self.applied.get(w).map(WorkloadSpec::spec_hash) == Some(hash.clone()) {
+                continue;
+            }
+            let running = live.iter().any(|c| {
+                c.workload.as_ref() == Some(w)
+                    && c.spec_hash.as_deref() == Some(hash.as_str())
+                    && c.state == LiveState::Running
+            });
+            if running {
+                self.applied.insert(w.clone(), spec.clone());
+                changed = true;
+            }
+        }
+        if changed {
+            self.persist_applied();
+        }
+    }
+
+    /// Makes the spec's image local: as its pull policy says, or, during a
+    /// freeze, only when it is local already.
+    fn ensure_image(
+        &self,
+        permit: &Permit<'_>,
+        spec: &WorkloadSpec,
+        images: ImageSource,
+    ) -> Result<(), PodmanError> {
+        let p = &self.podman;
+        match images {
+            ImageSource::AsSpecified => {
+                if p.needs_pull(&spec.image, spec.pull)? {
+                    let _pulling = permit.pulling(spec.image.as_str());
+                    p.pull(&spec.image)?;
+                }
+                Ok(())
+            }
+            ImageSource::LocalOnly => {
+                if p.needs_pull(&spec.image, PullPolicy::Missing)? {
+                    return Err(PodmanError::Failed {
+                        what: format!("image {}", spec.image),
+                        status: "not local".into(),
+                        stderr: "a change freeze restores from local images only; it is pulled after the unfreeze".into(),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// [`Self::ensure_image`], then creates and starts the container.
+    ///
+    /// When no pull can be called for (the policy is `missing` or `never`,
+    /// or a freeze allows local images only), `podman run --pull=never` is
+    /// tried first and the image is looked at only if that fails: one
+    /// podman call instead of two in the common case (each costs ~50 ms of
+    /// podman start-up, which desired-state put → running pays in full). A
+    /// run that failed with the image local keeps its own error.
+    fn ensure_image_and_run(
+        &self,
+        permit: &Permit<'_>,
+        workload: &WorkloadName,
+        spec: &WorkloadSpec,
+        images: ImageSource,
+    ) -> Result<(), PodmanError> {
+        let p = &self.podman;
+        let may_pull_now = images == ImageSource::AsSpecified && spec.pull == PullPolicy::Always;
+        if !may_pull_now {
+            match p.run(&self.device, workload, spec) {
+                Ok(_) => return Ok(()),
+                Err(e) if p.image_exists(&spec.image)? => return Err(e),
+                // Not local: pulled, or refused, as the policy says.
+                Err(_) => {}
+            }
+        }
+        self.ensure_image(permit, spec, images)?;
+        p.run(&self.device, workload, spec).map(drop)
+    }
+
+    fn execute(
+        &self,
+        action: &Action,
+        permit: &Permit<'_>,
+        images: ImageSource,
+    ) -> Result<(), PodmanError> {
         let p = &self.podman;
         match action {
             Action::Remove { container } => p.remove(container),
-            Action::Create { workload, spec, .. } => p
-                .ensure_image_and_run(&self.device, workload, spec)
-                .map(drop),
+            Action::Create { workload, spec, .. } => {
+                self.ensure_image_and_run(permit, workload, spec, images)
+            }
             Action::Replace {
                 workload,
                 spec,
                 old,
             } => {
                 // Pull before removing, so a failing pull keeps the old one.
-                p.ensure_image(&spec.image, spec.pull)?;
+                self.ensure_image(permit, spec, images)?;
                 for c in old {
                     p.remove(c)?;
                 }
@@ -602,8 +826,7 @@ impl Reconciler {
                     Some(spec) => {
                         log::warn!(device = self.device.as_str(), workload = workload.as_str(); "{e}; recreating the container");
                         p.remove(container)?;
-                        p.ensure_image_and_run(&self.device, workload, spec)
-                            .map(drop)
+                        self.ensure_image_and_run(permit, workload, spec, images)
                     }
                     None => Err(e),
                 },
@@ -692,10 +915,7 @@ impl Reconciler {
 
     /// Updates the bookkeeping from live state and sends the workload
     /// report when it changed.
-    fn observe(&mut self, live: &[LiveContainer], now: Instant) {
-        let Some(desired) = self.desired.as_ref() else {
-            return;
-        };
+    fn observe(&mut self, desired: &DesiredMap, live: &[LiveContainer], now: Instant) {
         self.tracked.retain(|w, _| desired.contains_key(w));
         self.removal_backoff
             .retain(|id, _| live.iter().any(|c| &c.id == id));
@@ -945,6 +1165,88 @@ mod tests {
                 "remove fleet-api"
             ]
         );
+    }
+
+    #[test]
+    fn frozen_plan_restores_applied_specs_only() {
+        let web = spec("localhost/web:1");
+        let db = spec("localhost/db:1");
+        let cam = spec("localhost/cam:1");
+        let api = spec("localhost/api:1");
+        let applied = BTreeMap::from([
+            (w("web"), web.clone()),
+            (w("db"), db.clone()),
+            (w("cam"), cam.clone()),
+            (w("api"), api.clone()),
+        ]);
+        let live = vec![
+            // web: running its applied spec: nothing.
+            container("1", "web", web.spec_hash().as_str(), LiveState::Running),
+            // db: exited with its applied spec: restored (started).
+            container(
+                "2",
+                "db",
+                db.spec_hash().as_str(),
+                LiveState::Down("exited".into()),
+            ),
+            // cam: missing: recreated from the applied spec.
+            // api: a container of another spec: left alone, not replaced.
+            container("4", "api", "other", LiveState::Down("exited".into())),
+            // gone: not applied (not desired either): not removed.
+            container("5", "gone", "h", LiveState::Running),
+        ];
+        let actions = plan_frozen(&applied, &live, |_| false);
+        assert_eq!(kinds(&actions), vec!["recreate missing cam", "restore db"]);
+        match &actions[0] {
+            Action::Create { spec, missing, .. } => {
+                assert!(missing);
+                assert_eq!(spec.spec_hash(), cam.spec_hash());
+            }
+            other => panic!("{other:?}"),
+        }
+        let blocked = plan_frozen(
+            &applied,
+            &live,
+            |k| matches!(k, ActionKey::Workload(x) if x.as_str() == "cam"),
+        );
+        assert_eq!(kinds(&blocked), vec!["restore db"]);
+        assert!(plan_frozen(&BTreeMap::new(), &live, |_| false).is_empty());
+    }
+
+    #[test]
+    fn waiting_changes_count_what_an_unfreeze_would_apply() {
+        let web1 = spec("localhost/web:1");
+        let web2 = spec("localhost/web:2");
+        let db = spec("localhost/db:1");
+        let applied = BTreeMap::from([(w("web"), web1.clone()), (w("db"), db.clone())]);
+        let same: DesiredMap = BTreeMap::from([
+            (w("web"), DesiredEntry::Valid(web1.clone())),
+            (w("db"), DesiredEntry::Valid(db.clone())),
+        ]);
+        assert_eq!(waiting_changes(&same, &applied), 0);
+        let changed: DesiredMap = BTreeMap::from([
+            // changed
+            (w("web"), DesiredEntry::Valid(web2.clone())),
+            // db deleted; api added
+            (w("api"), DesiredEntry::Valid(spec("localhost/api:1"))),
+            // an invalid value applies nothing
+            (
+                w("bad"),
+                DesiredEntry::Invalid {
+                    error: "x".into(),
+                    value_hash: Sha256Hex::of(b"x"),
+                    image: None,
+                },
+            ),
+        ]);
+        assert_eq!(waiting_changes(&changed, &applied), 3);
+        // What the report shows while frozen: what runs, plus what waits.
+        let view = frozen_view(&changed, &applied);
+        assert_eq!(
+            view.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
+            vec!["api", "bad", "db", "web"]
+        );
+        assert_eq!(view.get(&w("web")), Some(&DesiredEntry::Valid(web1)));
     }
 
     #[test]

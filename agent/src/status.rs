@@ -10,22 +10,22 @@
 //! - `<device>.workloads`: each report the reconciler sends (it sends only
 //!   changes); a failed write is retried until a newer report replaces it.
 //!
-//! The config state comes from one place, [`config_state`], until the
-//! change-freeze issue gives it an owner.
+//! Info and heartbeat carry the config state of [`FreezeControl`]; when it
+//! changes (a freeze, an unfreeze, the waiting counts) both are published
+//! at once ([`StatusMsg::ConfigState`]).
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fleet_common::contracts::{
-    ConfigState, ConfigStateReport, DeviceInfo, Heartbeat, Stopping, WorkloadsReport,
-};
+use fleet_common::contracts::{DeviceInfo, Heartbeat, Stopping, WorkloadsReport};
 use fleet_common::limits::{HEARTBEAT_JITTER, NATS_REQUEST_TIMEOUT};
 use fleet_common::subjects::{status_key, StatusKey, BUCKET_STATUS};
 use fleet_common::validate::{BoundedText, Version};
 use fleet_common::Timestamp;
 
+use crate::freeze::FreezeControl;
 use crate::nats::{kv, Nats, PublishError};
 use crate::podman::Podman;
 use crate::threads;
@@ -36,16 +36,6 @@ pub const INFO_REFRESH: Duration = Duration::from_secs(10 * 60);
 const RETRY_DELAY: Duration = Duration::from_secs(5);
 /// How long stopping waits for the thread after its last write.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The agent's config state as reported. Always `configured` until the
-/// change freeze lands.
-pub fn config_state() -> ConfigStateReport {
-    ConfigStateReport {
-        state: ConfigState::Configured,
-        waiting_changes: 0,
-        intent_waiting: false,
-    }
-}
 
 /// Writes `<device>.info`.
 pub fn publish_info(nats: &Nats, info: &DeviceInfo) -> Result<(), PublishError> {
@@ -89,6 +79,8 @@ fn next_heartbeat_in(interval: Duration, jitter: &mut Jitter) -> Duration {
 #[derive(Debug)]
 pub enum StatusMsg {
     Workloads(WorkloadsReport),
+    /// The config state changed: publish info and a heartbeat now.
+    ConfigState,
     /// Publish the last heartbeat, with `stopping`, and exit; the result
     /// goes to `done`.
     Stopping {
@@ -107,6 +99,7 @@ pub struct StatusPublisher {
     pub heartbeat: Duration,
     /// Re-read for the version in `<device>.info`; `None` when disabled.
     pub podman: Option<Podman>,
+    pub freeze: Arc<FreezeControl>,
 }
 
 /// The running status thread.
@@ -148,7 +141,7 @@ impl StatusPublisher {
             at: Timestamp::now(),
             uptime_secs: self.started.elapsed().as_secs(),
             agent_version: self.agent_version.clone(),
-            config_state: config_state(),
+            config_state: self.freeze.report(),
             stopping,
         }
     }
@@ -184,6 +177,16 @@ impl StatusPublisher {
                     workloads = Some(r);
                     retry_at = Some(Instant::now());
                 }
+                Ok(StatusMsg::ConfigState) => {
+                    let report = self.freeze.report();
+                    if report != self.info.config_state {
+                        self.info.config_state = report;
+                        self.info.updated_at = Timestamp::now();
+                        info_pending = true;
+                        retry_at = Some(Instant::now());
+                    }
+                    next_beat = Instant::now();
+                }
                 Ok(StatusMsg::Stopping { drain, done }) => {
                     let at = Timestamp::now();
                     let hb = self.heartbeat(Some(Stopping {
@@ -201,6 +204,15 @@ impl StatusPublisher {
             }
             let now = Instant::now();
             if now >= next_beat {
+                // What waits for an unfreeze may change without a message
+                // (an intent held back): the info follows the heartbeat.
+                let report = self.freeze.report();
+                if report != self.info.config_state {
+                    self.info.config_state = report;
+                    self.info.updated_at = Timestamp::now();
+                    info_pending = true;
+                    retry_at = Some(now);
+                }
                 if let Err(e) = self.put(StatusKey::Heartbeat, &self.heartbeat(None)) {
                     log::warn!(device = device.as_str(); "heartbeat not published: {e}");
                 }

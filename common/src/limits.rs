@@ -65,6 +65,10 @@ pub const MAX_REMEMBERED_ATTEMPTS: usize = 64;
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 /// Largest random delay added to one heartbeat, so a fleet does not beat in step.
 pub const HEARTBEAT_JITTER: Duration = Duration::from_secs(3);
+/// A device counts as disconnected, for the change freeze, once NATS has
+/// been unreachable for this many heartbeat intervals (the heartbeat
+/// window: 30 s with the default interval).
+pub const FREEZE_DISCONNECTED_HEARTBEATS: u32 = 1;
 /// Device state the agent reads from a KV value at most (a `WorkloadSpec`, an attempt).
 pub const MAX_KV_VALUE_BYTES: usize = 256 * 1024;
 /// Workloads one device runs at most.

@@ -589,6 +589,75 @@ fn socket_requests_and_responses_golden() {
         Response::<ConfigStateReply>::from_slice(&frozen.to_line()).expect("parses"),
         frozen
     );
+    check("agent-request-status", &AgentRequest::Status {});
+    let status = AgentStatusReply {
+        device_id: DeviceId::parse("truck-0042").expect("device"),
+        agent_version: Version::parse("1.4.0").expect("version"),
+        config_state: ConfigStateReport {
+            state: ConfigState::Configured,
+            waiting_changes: 0,
+            intent_waiting: false,
+        },
+        nats: NatsView::Disconnected { for_secs: 42 },
+        snapshot_complete: true,
+        mutations: MutationsView {
+            admission: MutationAdmission::Open,
+            in_flight: Some(BoundedText::truncate("replace web")),
+            pending: 1,
+            pulling: Some(BoundedText::truncate("registry.example.com/web:2")),
+        },
+        upgrade: UpgradeView {
+            updater: UpdaterView::Transaction {
+                phase: UpgradePhase::Preparing,
+                attempt: attempt().uuid,
+                target_version: Version::parse("1.5.0").expect("version"),
+            },
+            intent_pending: true,
+        },
+        freeze_blockers: vec![
+            Refusal::Disconnected,
+            Refusal::UpgradeInProgress,
+            Refusal::IntentPending,
+            Refusal::ReconcilerBusy,
+            Refusal::DownloadInProgress,
+        ],
+    };
+    check("agent-status", &status);
+    let frozen = AgentStatusReply {
+        config_state: frozen_report(),
+        nats: NatsView::Connected {},
+        mutations: MutationsView {
+            admission: MutationAdmission::Frozen,
+            in_flight: None,
+            pending: 0,
+            pulling: None,
+        },
+        upgrade: UpgradeView {
+            updater: UpdaterView::Absent {},
+            intent_pending: false,
+        },
+        freeze_blockers: Vec::new(),
+        ..status
+    };
+    check("agent-status-frozen", &frozen);
+    for updater in [
+        UpdaterView::Idle {},
+        UpdaterView::Unknown {
+            error: BoundedText::truncate("no answer within 5 s"),
+        },
+    ] {
+        let json = serde_json::to_string(&updater).expect("json");
+        assert_eq!(
+            serde_json::from_str::<UpdaterView>(&json).expect("parses"),
+            updater
+        );
+    }
+    assert!(serde_json::from_str::<UpdaterView>(r#"{"state":"idle","x":1}"#).is_err());
+    assert_eq!(
+        serde_json::to_string(&MutationAdmission::Draining).expect("json"),
+        "\"draining\""
+    );
+
     let codes = [
         ErrorCode::Busy,
         ErrorCode::Invalid,

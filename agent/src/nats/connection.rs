@@ -64,6 +64,8 @@ pub struct ConnState {
     connected: AtomicBool,
     /// Set by [`Nats::close`]: the disconnect that follows is expected.
     closing: AtomicBool,
+    /// When the connection was lost; `None` while connected.
+    disconnected_at: Mutex<Option<Instant>>,
     last_server_error: Mutex<Option<String>>,
 }
 
@@ -73,6 +75,13 @@ impl ConnState {
             .last_server_error
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(e);
+    }
+
+    fn set_disconnected(&self, at: Option<Instant>) {
+        *self
+            .disconnected_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = at;
     }
 
     /// The last asynchronous error the server sent (a permissions
@@ -116,6 +125,19 @@ impl Nats {
 
     pub fn is_connected(&self) -> bool {
         self.state.connected.load(Ordering::SeqCst)
+    }
+
+    /// How long the connection has been lost; `None` while connected.
+    pub fn disconnected_for(&self) -> Option<Duration> {
+        if self.is_connected() {
+            return None;
+        }
+        let at = *self
+            .state
+            .disconnected_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Some(at.map_or(Duration::ZERO, |t| t.elapsed()))
     }
 
     /// Publishes `payload` to `subject` with a reply on our inbox and waits
@@ -264,6 +286,7 @@ fn options(
     }
     let s = Arc::clone(state);
     let o = o.disconnect_callback(move || {
+        s.set_disconnected(Some(Instant::now()));
         s.connected.store(false, Ordering::SeqCst);
         if !s.closing.load(Ordering::SeqCst) {
             log::warn!("NATS connection lost; reconnecting");
@@ -271,6 +294,7 @@ fn options(
     });
     let s = Arc::clone(state);
     let o = o.reconnect_callback(move || {
+        s.set_disconnected(None);
         s.connected.store(true, Ordering::SeqCst);
         let g = s.generation.fetch_add(1, Ordering::SeqCst) + 1;
         log::info!(reconnect = g; "NATS reconnected; consumers start over");

@@ -7,11 +7,13 @@
 //! (or the create response says nothing is pending: a device with no keys)
 //! and hand over the snapshot; then hand over each change. Start over with
 //! a new consumer and a new snapshot after a reconnect, a gap in the
-//! sequence or three missed heartbeats. Stop when shutdown is requested or
-//! the receiver of the events is gone.
+//! sequence, three missed heartbeats or a [`WatchStatus::request_resync`]
+//! (the end of a change freeze). Stop when shutdown is requested or the
+//! receiver of the events is gone.
 
 use std::collections::BTreeMap;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -45,6 +47,8 @@ struct Progress {
     snapshots: u64,
     last_keys: usize,
     last_error: Option<String>,
+    /// The current consumer has handed over its complete snapshot.
+    in_sync: bool,
 }
 
 /// What others may ask of a running watcher.
@@ -52,6 +56,7 @@ struct Progress {
 pub struct WatchStatus {
     progress: Mutex<Progress>,
     changed: Condvar,
+    resync: AtomicBool,
 }
 
 impl WatchStatus {
@@ -64,12 +69,27 @@ impl WatchStatus {
         p.snapshots += 1;
         p.last_keys = keys;
         p.last_error = None;
+        p.in_sync = true;
         self.changed.notify_all();
     }
 
     fn record_error(&self, e: String) {
-        self.lock().last_error = Some(e);
+        let mut p = self.lock();
+        p.last_error = Some(e);
+        p.in_sync = false;
         self.changed.notify_all();
+    }
+
+    /// Whether the current consumer has handed over a complete snapshot
+    /// (false at start and while a new consumer reads one).
+    pub fn in_sync(&self) -> bool {
+        self.lock().in_sync
+    }
+
+    /// Asks the watcher to replace its consumer and read a new complete
+    /// snapshot, as after a reconnect.
+    pub fn request_resync(&self) {
+        self.resync.store(true, Ordering::SeqCst);
     }
 
     /// Waits until a first snapshot is complete; returns its key count, or
@@ -163,6 +183,9 @@ impl Watcher {
                 continue;
             }
             let generation = self.nats.generation();
+            // A new consumer reads a new snapshot: a resync asked for
+            // until now is served by it.
+            status.resync.store(false, Ordering::SeqCst);
             let consumer = match KvConsumer::create(&self.nats, bucket, self.idle_heartbeat) {
                 Ok(c) => c,
                 Err(e) => {
@@ -201,6 +224,8 @@ impl Watcher {
                 Some("shutdown".to_owned())
             } else if self.nats.generation() != generation {
                 Some("NATS reconnected".to_owned())
+            } else if status.resync.swap(false, Ordering::SeqCst) {
+                Some("a new snapshot was asked for".to_owned())
             } else {
                 None
             }

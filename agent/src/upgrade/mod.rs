@@ -42,6 +42,7 @@ use fleet_common::subjects::{status_key, StatusKey, BUCKET_CONTROL, BUCKET_STATU
 use fleet_common::validate::{Arch, AttemptUuid, Version};
 use fleet_common::Layout;
 
+use crate::nats::watch::WatchStatus;
 use crate::nats::{kv, Nats, PublishError, WatchEvent, WatchHandle, Watcher};
 use crate::shutdown::Shutdown;
 use crate::threads;
@@ -407,6 +408,12 @@ pub struct StoppingUpgrade {
 }
 
 impl UpgradeHandle {
+    /// The intent watcher's status: a change freeze asks it for a new
+    /// snapshot (the current intent) at unfreeze.
+    pub fn intents_status(&self) -> Arc<WatchStatus> {
+        Arc::clone(&self.intents.status)
+    }
+
     /// Shutdown has been requested: asks the worker to publish, when the
     /// updater is stopping this agent for a cutover, the acknowledged
     /// `stopping` status with reason `updater` and `drain`, all before

@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use super::attempt::AgentUpgradeAttempt;
 use super::device::ConfigStateReport;
-use super::status::UpgradeStatus;
-use crate::validate::BoundedText;
+use super::status::{UpgradePhase, UpgradeStatus};
+use crate::validate::{AttemptUuid, BoundedText, DeviceId, Version};
 
 /// A request to the updater socket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +66,100 @@ pub enum AgentRequest {
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct ConfigStateReply {
     pub config_state: ConfigStateReport,
+}
+
+/// The agent's answer to `status`: its own view, for whoever decides when to
+/// freeze (a safety controller, `fleet-agent node status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct AgentStatusReply {
+    pub device_id: DeviceId,
+    pub agent_version: Version,
+    pub config_state: ConfigStateReport,
+    pub nats: NatsView,
+    /// A complete desired-state snapshot has been read by the current
+    /// consumer (false at start, and while a new one is read).
+    pub snapshot_complete: bool,
+    pub mutations: MutationsView,
+    pub upgrade: UpgradeView,
+    /// Why a freeze asked for now would be refused; empty when it would be
+    /// accepted or the agent is already frozen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub freeze_blockers: Vec<Refusal>,
+}
+
+/// The agent's NATS connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    rename_all = "kebab-case",
+    rename_all_fields = "kebab-case",
+    tag = "state",
+    deny_unknown_fields
+)]
+pub enum NatsView {
+    /// (Struct variants, so serde refuses unknown fields on them too.)
+    Connected {},
+    /// Not connected (or never yet) for this long.
+    Disconnected { for_secs: u64 },
+}
+
+/// Which workload mutations the agent admits now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MutationAdmission {
+    /// Every mutation the desired state calls for.
+    Open,
+    /// Change freeze: only restores from the last applied spec, local images only.
+    Frozen,
+    /// Shutting down: none.
+    Draining,
+}
+
+/// The reconciler's mutations, at one instant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct MutationsView {
+    pub admission: MutationAdmission,
+    /// The mutation running now ("replace web").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<BoundedText>,
+    /// Mutations planned and not started.
+    pub pending: u32,
+    /// The image being pulled now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pulling: Option<BoundedText>,
+}
+
+/// What the agent knows of agent upgrades.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct UpgradeView {
+    pub updater: UpdaterView,
+    /// An upgrade intent was accepted and has not completed.
+    pub intent_pending: bool,
+}
+
+/// The updater's transaction as the agent last asked it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    rename_all = "kebab-case",
+    rename_all_fields = "kebab-case",
+    tag = "state",
+    deny_unknown_fields
+)]
+pub enum UpdaterView {
+    /// No updater socket, or nobody listening: no transaction can progress.
+    Absent {},
+    /// The updater answered and has never run a transaction.
+    Idle {},
+    /// The updater's current or last transaction.
+    Transaction {
+        phase: UpgradePhase,
+        attempt: AttemptUuid,
+        target_version: Version,
+    },
+    /// The updater did not answer as it should; nothing is known.
+    Unknown { error: BoundedText },
 }
 
 /// Machine-readable error codes of both sockets.

@@ -23,8 +23,9 @@ pub use journal::{
     JOURNAL_FORMAT,
 };
 pub use local::{
-    AgentRequest, ConfigStateName, ConfigStateReply, ErrorBody, ErrorCode, Refusal, Response,
-    UpdaterReply, UpdaterRequest,
+    AgentRequest, AgentStatusReply, ConfigStateName, ConfigStateReply, ErrorBody, ErrorCode,
+    MutationAdmission, MutationsView, NatsView, Refusal, Response, UpdaterReply, UpdaterRequest,
+    UpdaterView, UpgradeView,
 };
 pub use oci::{
     AgentArtifact, ManifestError, OciDescriptor, OciDigest, OciManifest, AGENT_ARTIFACT_TYPE,
