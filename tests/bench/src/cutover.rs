@@ -41,6 +41,9 @@ const UPGRADE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Type=notify).
 const MSG_STOPPING: &str = "de5b426a63be47a7b6ac3eaac82e2f6f";
 const MSG_STARTED: &str = "39f53479d3a045ac8e11786248231fbf";
+/// ... has stopped (the old agent exited), and is starting.
+const MSG_STOPPED: &str = "9d1aaa27d60140bd96365438aad20286";
+const MSG_STARTING: &str = "7d4958e842da4a758f6c1cdc7b36dcc5";
 
 /// What `make bench` built for this section.
 fn inputs() -> Option<(PathBuf, PathBuf)> {
@@ -86,6 +89,8 @@ pub fn cutover_rows(runs: usize) -> Vec<Row> {
 
     let mut cutovers = Vec::new();
     let mut restarts = Vec::new();
+    let mut cut_gaps = Vec::new();
+    let mut restart_gaps = Vec::new();
     for i in 0..runs {
         let mark = now_us();
         let out = c.exec_with_timeout(&["systemctl", "restart", UNIT], READY_TIMEOUT);
@@ -94,12 +99,16 @@ pub fn cutover_rows(runs: usize) -> Vec<Row> {
             "systemctl restart: {out:?}\n{}",
             c.journal(UNIT)
         );
-        restarts.push(stop_to_started(&c, mark));
+        let (total, gap) = stop_to_started(&c, mark);
+        restarts.push(total);
+        restart_gaps.push(gap);
 
         let (version, url, bytes) = &targets[i % 2];
         let mark = now_us();
         upgrade(&c, version, url, bytes);
-        cutovers.push(stop_to_started(&c, mark));
+        let (total, gap) = stop_to_started(&c, mark);
+        cutovers.push(total);
+        cut_gaps.push(gap);
     }
     let (cut, restart) = (median(&cutovers), median(&restarts));
     let ratio = cut.as_secs_f64() / restart.as_secs_f64();
@@ -118,9 +127,11 @@ pub fn cutover_rows(runs: usize) -> Vec<Row> {
         .ratio(format!("{ratio:.2}×"))
         .target("≤ 1.1× `systemctl restart`", Verdict::from_ok(ratio <= 1.1))
         .note(format!(
-            "Booted Debian 12 container, our .deb from the release binaries, agent with rootless Podman on the host's nats-server. Median of {runs} interleaved runs, from systemd's journal records of {UNIT} (\"Stopping\" → \"Started\", i.e. READY=1). Cutovers (the updater switching between {current} and {NEXT_VERSION}): {} ms; restarts: {} ms.",
+            "Booted Debian 12 container, our .deb from the release binaries, agent with rootless Podman on the host's nats-server. Median of {runs} interleaved runs, from systemd's journal records of {UNIT} (\"Stopping\" → \"Started\", i.e. READY=1). Cutovers (the updater switching between {current} and {NEXT_VERSION}): {} ms; restarts: {} ms. Of those, from the old agent's exit (\"Stopped\") to the start job (\"Starting\", else \"Started\"): cutovers {} ms, restarts {} ms.",
             ms(&cutovers),
-            ms(&restarts)
+            ms(&restarts),
+            ms(&cut_gaps),
+            ms(&restart_gaps)
         ))]
 }
 
@@ -183,8 +194,10 @@ fn upgrade(c: &SystemdContainer, version: &str, url: &str, bytes: &[u8]) {
 }
 
 /// From the unit's first "Stopping" at or after `mark` (µs since the epoch)
-/// to the "Started" after it, from the journal's own timestamps.
-fn stop_to_started(c: &SystemdContainer, mark: u64) -> Duration {
+/// to the "Started" after it, from the journal's own timestamps; and the
+/// part of it between "Stopped" and the start job ("Starting", else
+/// "Started").
+fn stop_to_started(c: &SystemdContainer, mark: u64) -> (Duration, Duration) {
     poll_until(
         "systemd's Stopping and Started records",
         READY_TIMEOUT,
@@ -200,6 +213,8 @@ fn stop_to_started(c: &SystemdContainer, mark: u64) -> Duration {
                 &format!("@{}", mark / 1_000_000),
             ]);
             let mut stopping = None;
+            let mut stopped = None;
+            let mut starting = None;
             for line in out.stdout.lines() {
                 let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
                     continue;
@@ -213,7 +228,12 @@ fn stop_to_started(c: &SystemdContainer, mark: u64) -> Duration {
                 }
                 match (v["MESSAGE_ID"].as_str(), stopping) {
                     (Some(MSG_STOPPING), None) => stopping = Some(at),
-                    (Some(MSG_STARTED), Some(s)) => return Some(Duration::from_micros(at - s)),
+                    (Some(MSG_STOPPED), Some(_)) => stopped = stopped.or(Some(at)),
+                    (Some(MSG_STARTING), Some(_)) => starting = starting.or(Some(at)),
+                    (Some(MSG_STARTED), Some(s)) => {
+                        let gap = stopped.map_or(0, |d| starting.unwrap_or(at).saturating_sub(d));
+                        return Some((Duration::from_micros(at - s), Duration::from_micros(gap)));
+                    }
                     _ => {}
                 }
             }

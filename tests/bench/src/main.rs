@@ -45,7 +45,7 @@ Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
 
 Sections: sizes, device, download, fleet, rollout, cutover (default: all).
 Defaults: --cpu-secs 60 --download-runs 3 --latency-runs 9 --fleet 100,1000
-          --rollout 10000 --cutover-runs 5
+          --rollout 10000 --cutover-runs 7
 ";
 
 /// Every section, in the order they run.
@@ -71,7 +71,7 @@ impl Args {
             latency_runs: 9,
             fleet: vec![100, 1000],
             rollout: 10_000,
-            cutover_runs: 5,
+            cutover_runs: 7,
         };
         let mut args = args.peekable();
         while let Some(arg) = args.next() {
