@@ -44,7 +44,7 @@ Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--cutover-runs N]
 
 Sections: sizes, device, download, fleet, rollout, cutover (default: all).
-Defaults: --cpu-secs 60 --download-runs 3 --latency-runs 9 --fleet 100,1000
+Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
           --rollout 10000 --cutover-runs 7
 ";
 
@@ -67,7 +67,7 @@ impl Args {
         let mut a = Args {
             sections: SECTIONS.iter().map(|s| (*s).to_owned()).collect(),
             cpu_window: Duration::from_secs(60),
-            download_runs: 3,
+            download_runs: 5,
             latency_runs: 9,
             fleet: vec![100, 1000],
             rollout: 10_000,
