@@ -22,7 +22,7 @@ use ring::signature::{
 };
 use serde_json::{Map, Value};
 
-use crate::b64::decode_url;
+use fleet_common::b64::decode_url;
 use crate::jwks::{Jwk, KeyError, PublicKey};
 
 /// The signature algorithms accepted.
@@ -385,7 +385,7 @@ fn check_claims(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::b64::encode_url;
+    use fleet_common::b64::encode_url;
     use ring::rand::SystemRandom;
     use ring::signature::{EcdsaKeyPair, KeyPair, RsaKeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
     use rustls_pki_types::pem::PemObject;

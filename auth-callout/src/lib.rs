@@ -11,7 +11,6 @@
 //! `service` (NATS, threads, logging), `oauth_client` (the device side's
 //! client-credentials token client, parked here for the agent).
 
-mod b64;
 mod callout;
 mod config;
 mod https;

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use fleet_common::limits::{MAX_BEARER_JWT_BYTES, MAX_OAUTH_TOKEN_RESPONSE_BYTES};
 use serde_json::Value;
 
-use crate::b64::encode_std;
+use fleet_common::b64::encode_std;
 use crate::https::{self, HttpsError};
 
 /// Lifetime assumed when the endpoint gives no `expires_in`.
