@@ -11,6 +11,7 @@ mod gate;
 mod lock;
 mod nats;
 mod notify;
+mod oauth;
 mod podman;
 mod probe;
 mod reconciler;
