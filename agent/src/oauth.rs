@@ -154,9 +154,23 @@ impl fmt::Display for TokenError {
                 status,
                 error,
                 description,
-            } if error.is_empty() && description.is_empty() => write!(
+            } if error.is_empty() && description.is_empty() && self.is_permanent() => write!(
                 f,
                 "token endpoint {url} answered HTTP {status} (redirects are not followed); check nats.auth.token-url"
+            ),
+            Self::Refused { url, status, error, description }
+                if error.is_empty() && description.is_empty() =>
+            {
+                write!(f, "token endpoint {url} is unavailable (HTTP {status})")
+            }
+            Self::Refused {
+                url,
+                status,
+                error,
+                description,
+            } if self.is_permanent() => write!(
+                f,
+                "token endpoint {url} refused (HTTP {status}, {error:?}: {description:?}); check nats.auth.client-id, the client secret and nats.auth.scope"
             ),
             Self::Refused {
                 url,
@@ -165,7 +179,7 @@ impl fmt::Display for TokenError {
                 description,
             } => write!(
                 f,
-                "token endpoint {url} refused (HTTP {status}, {error:?}: {description:?}); check nats.auth.client-id, the client secret and nats.auth.scope"
+                "token endpoint {url} is unavailable (HTTP {status}, {error:?}: {description:?})"
             ),
             Self::Malformed { url, what } => write!(f, "token endpoint {url} answered {what}"),
             Self::TokenType { url, token_type } => write!(
@@ -597,7 +611,7 @@ mod tests {
         assert_eq!(
             err,
             format!(
-                "token endpoint {} answered HTTP 503 (redirects are not followed); check nats.auth.token-url",
+                "token endpoint {} is unavailable (HTTP 503)",
                 server.url("/oauth/v2/token")
             )
         );
@@ -661,7 +675,12 @@ mod tests {
             .fetch(Instant::now())
             .expect_err("redirect")
             .to_string();
-        assert!(err.contains("HTTP 307"), "{err}");
+        assert!(
+            err.ends_with(
+                "answered HTTP 307 (redirects are not followed); check nats.auth.token-url"
+            ),
+            "{err}"
+        );
         // A server the CA did not sign gets no request, nor does one
         // outside the system roots when no ca-file is given.
         let stranger = HttpsServer::start_untrusted();
