@@ -157,7 +157,7 @@ struct EndpointState {
     /// Answer this status (with an OAuth2 error body) instead of tokens.
     outage: Option<u16>,
     /// Tokens issued, per client ID.
-    issued: HashMap<String, usize>,
+    issued: HashMap<String, Vec<String>>,
 }
 
 /// The provider: keys, HTTPS server, token endpoint. Dropping it stops it.
@@ -224,13 +224,19 @@ impl Idp {
 
     /// Tokens issued so far to client `id`.
     pub fn issued(&self, id: &str) -> usize {
+        self.issued_tokens(id).len()
+    }
+
+    /// The tokens issued so far to client `id`, in order (to check none
+    /// reaches a log).
+    pub fn issued_tokens(&self, id: &str) -> Vec<String> {
         self.state
             .lock()
             .expect("lock")
             .issued
             .get(id)
-            .copied()
-            .unwrap_or(0)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Requests to the token endpoint so far, answered or not.
@@ -324,9 +330,9 @@ fn token_answer(
     };
     let id = id.clone();
     let client = client.clone();
-    *state.issued.entry(id).or_default() += 1;
     let ttl = client.ttl.as_secs() as i64;
     let token = rs256(&keys.rsa, RSA_KID, &claims(&client.device, ttl));
+    state.issued.entry(id).or_default().push(token.clone());
     ResponseSpec {
         status: 200,
         headers: vec![("Content-Type".into(), "application/json".into())],
