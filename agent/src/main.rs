@@ -50,7 +50,8 @@ PATH defaults to {config}.
 
 Config keys (JSON, unknown keys refused): device-id, nats.servers,
 nats.auth.method (none | user-password: user, password-file | token:
-token-file | creds: creds-file | tls-certificate), nats.tls (ca-file,
+token-file | creds: creds-file | tls-certificate | oauth2-client-credentials:
+token-url, client-id, client-secret-file), nats.tls (ca-file,
 client-cert-file, client-key-file), and optionally:
 {defaults}
 
