@@ -48,9 +48,14 @@ struct Fleet {
 
 impl Fleet {
     fn start() -> Fleet {
+        Fleet::start_with_ttl(TTL)
+    }
+
+    /// With tokens living `ttl`.
+    fn start_with_ttl(ttl: Duration) -> Fleet {
         let idp = Idp::start();
         for d in ["dev1", "dev2"] {
-            idp.add_client(&client_id(d), &client_secret(d), d, TTL);
+            idp.add_client(&client_id(d), &client_secret(d), d, ttl);
         }
         let nats = CalloutNats::start(&idp, json!({"clock_skew_secs": 0}));
         Fleet {
@@ -180,12 +185,7 @@ fn the_agent_stays_connected_through_the_callout_across_token_renewals() {
     );
     // Each token was renewed ahead of its expiry, on a new connection the
     // callout authorized; the server never cut the agent off.
-    let renewed = lines_with(
-        &agent,
-        0,
-        "NATS connection renewed with a fresh token (token due for renewal)",
-    )
-    .len();
+    let renewed = lines_with(&agent, 0, "NATS connection renewed (token due for renewal)").len();
     let lifetimes = (started.elapsed().as_secs() / TTL.as_secs()) as usize;
     assert!(
         renewed >= lifetimes,
@@ -225,6 +225,60 @@ fn the_agent_stays_connected_through_the_callout_across_token_renewals() {
     let exit = agent.wait_exit(Duration::from_secs(30));
     assert!(exit.success(), "{exit}: {}", agent.log());
     assert!(heartbeat(&admin).expect("heartbeat").stopping.is_some());
+    fleet.assert_no_secrets("dev1", &agent.log());
+}
+
+/// A server restart under an agent with a long-lived token: it connects
+/// again with the token it has (the crate's reconnect, or the renewer's new
+/// connection once the crate gives up), its consumers start over, and a
+/// change made after the restart applies.
+#[test]
+fn a_server_restart_is_survived_with_the_kept_token() {
+    let podman = Podman::new();
+    let mut fleet = Fleet::start_with_ttl(Duration::from_secs(600));
+    put_workload(
+        &fleet.nats.server.admin(),
+        "dev1",
+        "web",
+        &quick_sleeper(&podman, "v1"),
+    );
+    let dev = Device::new(
+        "dev1",
+        &fleet.settings("dev1", true, &client_secret("dev1")),
+        Some(&podman),
+    );
+    let agent = dev.start(Some(&podman));
+    let web = wait_running(&podman, "fleet-web", "web running", |_| true);
+    let issued = fleet.idp.issued(&client_id("dev1"));
+
+    let from = agent.line_count();
+    fleet.nats.server.restart();
+    poll_until("a new connection", CONVERGE, || {
+        (!lines_with(&agent, from, "NATS reconnected").is_empty()
+            || !lines_with(&agent, from, "NATS connection renewed (connection closed)").is_empty())
+        .then_some(())
+    });
+    agent.wait_for_line_after(from, "snapshot complete", CONVERGE);
+    let admin = fleet.nats.server.admin();
+    put_workload(&admin, "dev1", "api", &quick_sleeper(&podman, "api"));
+    wait_running(
+        &podman,
+        "fleet-api",
+        "api running after the restart",
+        |_| true,
+    );
+    assert_eq!(
+        container(&podman, "fleet-web"),
+        Some(web),
+        "the healthy container was restarted"
+    );
+    let before = heartbeat(&admin).expect("heartbeat").at;
+    heartbeat_after(&admin, before, Duration::from_secs(10));
+    assert_eq!(
+        fleet.idp.issued(&client_id("dev1")),
+        issued,
+        "a valid token was replaced"
+    );
     fleet.assert_no_secrets("dev1", &agent.log());
 }
 
@@ -272,7 +326,7 @@ fn the_agents_callout_user_is_isolated_from_another_device() {
     // The agent goes on, on a new connection after a renewal: its
     // heartbeats land (and parse), its consumer reads a new snapshot.
     let from = agent.line_count();
-    agent.wait_for_line_after(from, "NATS connection renewed with a fresh token", CONVERGE);
+    agent.wait_for_line_after(from, "NATS connection renewed", CONVERGE);
     agent.wait_for_line_after(from, "snapshot complete: 1 keys", CONVERGE);
     let before = heartbeat(&admin).expect("heartbeat").at;
     heartbeat_after(&admin, before, Duration::from_secs(5));
@@ -355,7 +409,7 @@ fn a_failing_identity_provider_is_retried_with_back_off() {
     fleet.idp.set_outage(None);
     agent.wait_for_line_after(
         from,
-        "NATS connection renewed with a fresh token (token refused by the server)",
+        "NATS connection renewed (token refused by the server)",
         CONVERGE,
     );
     heartbeat_after(&admin, before, Duration::from_secs(10));

@@ -85,7 +85,7 @@ const RENEW_MAX_DELAY: Duration = Duration::from_secs(60);
 const RETIRE_POLL: Duration = Duration::from_millis(20);
 /// How long closing waits for the renewer (it may be inside a bounded
 /// token request or connection attempt; process exit ends it then).
-const RENEWER_JOIN_TIMEOUT: Duration = Duration::from_millis(500);
+const RENEWER_JOIN_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// What the client does when the connection drops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -809,7 +809,7 @@ impl Renewer {
         };
         state.signal(|ev| ev.refused = false);
         let g = state.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        log::info!(link = id, reconnect = g; "NATS connection renewed with a fresh token ({}); consumers start over", why.describe());
+        log::info!(link = id, reconnect = g; "NATS connection renewed ({}); consumers start over", why.describe());
         // A refused link is going down even if no callback said so yet.
         retire(old, old_connected && why == Renewal::Due);
         Ok(())
