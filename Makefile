@@ -3,30 +3,131 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all deps lint build test test-unit demo bench clean
+# Packaging: ARCH is amd64, arm64 or armhf (Debian names; rpm gets x86_64,
+# aarch64, armv7hl). Cross builds use Debian's gcc-aarch64-linux-gnu and
+# gcc-arm-linux-gnueabihf (make deps); .cargo/config.toml names the linkers.
+ARCH ?= amd64
+ARCHES := amd64 arm64 armhf
+TRIPLE_amd64 := x86_64-unknown-linux-gnu
+TRIPLE_arm64 := aarch64-unknown-linux-gnu
+TRIPLE_armhf := armv7-unknown-linux-gnueabihf
+TRIPLE = $(or $(TRIPLE_$(ARCH)),$(error ARCH must be one of $(ARCHES), not "$(ARCH)"))
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+BIN_DIR = $(TARGET_DIR)/$(TRIPLE)/release
+# ring's C and assembly: cc-rs would guess these too; say them.
+export CC_aarch64_unknown_linux_gnu := aarch64-linux-gnu-gcc
+export AR_aarch64_unknown_linux_gnu := aarch64-linux-gnu-ar
+export CC_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-gcc
+export AR_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-ar
+
+# `make install`: DESTDIR stages, PREFIX places the operator CLI (fleetctl).
+# The device files keep the fixed paths of DESIGN.md "On the device" whatever
+# PREFIX says: the units, the updater and the active link name them.
+DESTDIR ?=
+PREFIX ?= /usr/local
+
+.PHONY: all help deps lint build test test-unit demo bench clean \
+	release device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
 
 all: build
 
-## Install what the tests need when it is missing (apt packages, nats-server 2.14, Rust targets).
+## Targets (packaging ones take ARCH=amd64|arm64|armhf, default amd64).
+help:
+	@sed -n 's/^## //p' $(MAKEFILE_LIST)
+
+## deps: install what the tests need when it is missing (apt packages, nats-server 2.14, Rust targets).
 deps:
 	@bash scripts/deps.sh
 
-## Formatting and lints, as CI runs them.
+## lint: formatting and lints, as CI runs them.
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## Every binary the integration tests run.
+## build: every binary the integration tests run (debug).
 build:
 	$(CARGO) build --workspace --bins
 
-## The one command: dependencies, lint, build, every test.
-test: deps lint build
+## test-agents: builds the upgrade tests run besides the normal ones, in $(TEST_AGENTS):
+## fleet-agent-$(UPGRADE_TEST_VERSION) (the agent compiled as another version:
+## FLEET_AGENT_VERSION is read by option_env!, so only the agent crate is
+## rebuilt, twice) and fleet-updater (built with fault injection and test
+## bounds). The version is fleet_harness::UPGRADE_TEST_VERSION.
+UPGRADE_TEST_VERSION := 0.2.0-upgrade-test
+TEST_AGENTS := $(TARGET_DIR)/test-agents
+TEST_AGENT_SOURCES := $(shell find agent/src common/src updater/src -name '*.rs') \
+	agent/Cargo.toml common/Cargo.toml updater/Cargo.toml Cargo.lock
+test-agents: $(TEST_AGENTS)/fleet-agent-$(UPGRADE_TEST_VERSION) $(TEST_AGENTS)/fleet-updater
+
+$(TEST_AGENTS)/fleet-agent-$(UPGRADE_TEST_VERSION): $(TEST_AGENT_SOURCES)
+	mkdir -p $(TEST_AGENTS)
+	FLEET_AGENT_VERSION=$(UPGRADE_TEST_VERSION) $(CARGO) build -p fleet-agent
+	install -s -m 0755 $(TARGET_DIR)/debug/fleet-agent $@.tmp && mv $@.tmp $@
+	$(CARGO) build -p fleet-agent
+
+$(TEST_AGENTS)/fleet-updater: $(TEST_AGENT_SOURCES)
+	mkdir -p $(TEST_AGENTS)
+	$(CARGO) build -p fleet-updater --features fault-injection
+	cp $(TARGET_DIR)/debug/fleet-updater $@.tmp && mv $@.tmp $@
+	$(CARGO) build -p fleet-updater
+
+## test: the one command: dependencies, lint, build, packages, every test.
+test: deps lint build packages-for-test
 	$(CARGO) test --workspace --no-fail-fast --features fleet-updater/fault-injection
 
-## One demo device against a local nats-server (Ctrl-C stops and cleans up).
+## demo: one demo device against a local nats-server (Ctrl-C stops and cleans up).
 demo: deps build
 	@bash scripts/demo.sh
+
+## release: release binaries of the agent, updater and fleetctl for ARCH.
+release:
+	$(CARGO) build --release --target $(TRIPLE) -p fleet-agent -p fleet-updater -p fleetctl
+
+## device-packages: only harmony-fleet (.deb and .rpm) for ARCH, without building fleetctl.
+device-packages:
+	$(CARGO) build --release --target $(TRIPLE) -p fleet-agent -p fleet-updater
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh deb device $(ARCH)
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh rpm device $(ARCH)
+
+## deb: harmony-fleet (device) and harmony-fleetctl .deb for ARCH, in target/packages/.
+deb: release
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh deb device $(ARCH)
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh deb fleetctl $(ARCH)
+
+## rpm: the same two packages as .rpm for ARCH.
+rpm: release
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh rpm device $(ARCH)
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh rpm fleetctl $(ARCH)
+
+## packages: .deb and .rpm of both packages for every ARCH.
+packages:
+	for a in $(ARCHES); do $(MAKE) --no-print-directory deb rpm ARCH=$$a || exit 1; done
+
+## packages-for-test: what the tests use: amd64 packages, the ARM device packages (fleetctl's
+## ARM builds, ~45 s each, are left to `make packages`), test agents.
+packages-for-test: test-agents
+	$(MAKE) --no-print-directory deb rpm ARCH=amd64
+	for a in arm64 armhf; do $(MAKE) --no-print-directory device-packages ARCH=$$a || exit 1; done
+
+## install: build, then the device files (fixed paths) and fleetctl (PREFIX) into DESTDIR; then run device setup.
+install: release install-files
+
+## install-files: install without building (the release binaries of ARCH exist).
+install-files:
+	scripts/stage.sh device "$(DESTDIR)" $(BIN_DIR)
+	scripts/stage.sh fleetctl "$(DESTDIR)" $(BIN_DIR) $(PREFIX)
+	@if [ -z "$(DESTDIR)" ]; then \
+		echo "Now run device setup (as root): fleet-updater setup --agent-binary /usr/share/harmony-fleet/bootstrap/fleet-agent"; \
+	fi
+
+## uninstall: remove what install put there (not state, installed agent versions or the active link).
+uninstall:
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
+		systemctl disable --now fleet-agent.service fleet-updater.service 2>/dev/null || true; \
+	fi
+	{ scripts/stage.sh list device; scripts/stage.sh list fleetctl $(PREFIX); } | sed 's|^|$(DESTDIR)|' | \
+		while read -r f; do rm -f "$$f"; rmdir -p --ignore-fail-on-non-empty "$$(dirname "$$f")" 2>/dev/null || true; done
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 clean:
 	$(CARGO) clean

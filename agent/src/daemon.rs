@@ -6,17 +6,23 @@
 //! 1. read the config; take the one-mutator lock; make the state directory;
 //! 2. reach Podman (when enabled);
 //! 3. connect to NATS (15 s per attempt, over a 3-minute window);
-//! 4. publish device info, acknowledged;
+//! 4. publish device info, acknowledged; read the updater's transaction
+//!    and, when it is starting its upgrade target, check this binary is
+//!    that version (exit 22 without READY otherwise, so it rolls back);
 //! 5. start the status publisher (heartbeats), the reconciler and the
-//!    desired-state watcher, and wait for a complete desired snapshot.
+//!    desired-state watcher, and wait for a complete desired snapshot;
+//! 6. publish the updater's transaction status, acknowledged, and start
+//!    following upgrade intents ([`crate::upgrade`]).
 //!
-//! Steps 4 and 5 are retried until the window that started with the
+//! Steps 4 to 6 are retried until the window that started with the
 //! connection ends. A SIGTERM during startup ends the process cleanly.
 //!
 //! Drain on SIGTERM or SIGINT (seed 002, "Stop, switch, start"): close the
 //! mutation gate, wait for the mutation in flight, stop the threads,
-//! publish the acknowledged `stopping` heartbeat with the drain duration,
-//! flush NATS, send STOPPING=1, exit — within systemd's 60 s.
+//! publish the acknowledged `stopping` heartbeat with the drain duration
+//! (and, when the updater is stopping this agent for a cutover, the
+//! upgrade status `stopping` with reason `updater`, side by side), flush
+//! NATS, send STOPPING=1, exit — within systemd's 60 s.
 
 use std::fmt;
 use std::io;
@@ -41,13 +47,15 @@ use crate::reconciler::{Reconciler, ReconcilerMsg};
 use crate::shutdown::Shutdown;
 use crate::status::{self, StatusMsg, StatusPublisher};
 use crate::sysinfo;
+use crate::upgrade::{self, StartupError, UpgradeState};
 
 /// Part of systemd's stop bound spent waiting for the mutation in flight.
 /// The rest covers, at worst: joining the reconciler (5 s) and the watcher
-/// (3 s), the stopping heartbeat's ack ([`STOPPING_ACK_TIMEOUT`]), the flush
+/// (3 s), the stopping heartbeat's and upgrade status's acks, written side
+/// by side ([`STOPPING_ACK_TIMEOUT`]), the flush
 /// ([`FLUSH_TIMEOUT`]) and closing (1 s): 40 + 5 + 3 + 8 + 2 + 1 = 59 s.
 const DRAIN_BUDGET: Duration = Duration::from_secs(40);
-/// Bound on the acknowledged stopping heartbeat.
+/// Bound on the acknowledged stopping heartbeat and upgrade status.
 const STOPPING_ACK_TIMEOUT: Duration = Duration::from_secs(8);
 /// Bound on the final flush.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -84,6 +92,7 @@ pub enum RunError {
         name: &'static str,
         source: io::Error,
     },
+    Upgrade(StartupError),
 }
 
 impl fmt::Display for RunError {
@@ -114,6 +123,7 @@ impl fmt::Display for RunError {
                 }
             }
             Self::Thread { name, source } => write!(f, "starting thread {name}: {source}"),
+            Self::Upgrade(e) => write!(f, "{e}"),
         }
     }
 }
@@ -133,6 +143,9 @@ impl RunError {
             Self::Lock(_) => 20,
             Self::StateDir { .. } => 20,
             Self::DeviceInfo { .. } => 21,
+            Self::Upgrade(StartupError::NotPublished { .. }) => 21,
+            Self::Upgrade(StartupError::NotTheTarget { .. }) => 22,
+            Self::Upgrade(StartupError::Thread { .. } | StartupError::AlreadyStarted) => 1,
         }
     }
 }
@@ -245,6 +258,11 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             }
         }
     }
+    // The updater's transaction, before anything mutates: after a cutover
+    // this binary must be the target it is starting.
+    let upgrade_state = UpgradeState::new();
+    let recovered = upgrade::recovered_transaction(&upgrade_state, &layout, &version)
+        .map_err(RunError::Upgrade)?;
     notify::status("device info published; reading the desired state");
 
     // 5. Status publisher, reconciler, desired-state watcher, snapshot.
@@ -311,11 +329,25 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             Err(_) => {}
         }
     };
-    match keys {
-        Some(n) => notify::ready(&format!(
+    let upgrade = match keys {
+        Some(_) => upgrade_state
+            .start(upgrade::Start {
+                nats: Arc::clone(&nats),
+                layout: layout.clone(),
+                arch,
+                idle_heartbeat: config.intervals.idle_heartbeat,
+                shutdown: Arc::clone(&shutdown),
+                recovered,
+                publish_until: window_end,
+            })
+            .map_err(RunError::Upgrade)?,
+        None => None,
+    };
+    match (keys, &upgrade) {
+        (Some(n), Some(_)) => notify::ready(&format!(
             "device {device}, {n} workloads desired, NATS connected"
         )),
-        None => log::info!("stopping before readiness"),
+        _ => log::info!("stopping before readiness"),
     }
 
     // Run until a signal.
@@ -339,11 +371,16 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         r.stop();
     }
     watcher.join();
+    let acks_until = Instant::now() + STOPPING_ACK_TIMEOUT;
+    let upgrade_stop = upgrade.map(|u| u.begin_stop(drain, acks_until));
     match status.stop(drain, STOPPING_ACK_TIMEOUT) {
         Ok(()) => {
             log::info!(device = device.as_str(); "stopping status acknowledged; drained in {} ms", drain.as_millis())
         }
         Err(e) => log::warn!(device = device.as_str(); "stopping status not acknowledged: {e}"),
+    }
+    if let Some(u) = upgrade_stop {
+        u.wait();
     }
     if let Err(e) = nats.flush(FLUSH_TIMEOUT) {
         log::warn!("flushing NATS: {e}");

@@ -19,6 +19,7 @@ mod shutdown;
 mod status;
 mod sysinfo;
 mod threads;
+mod upgrade;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -69,7 +70,10 @@ Exit codes:
   17  snapshot          no complete desired-state snapshot
   20  lock              another fleet-agent holds the lock (or the run or state
                         directory is unusable)
-  21  device-info       (run) device info not acknowledged by JetStream
+  21  device-info       (run) device info (or the recovered upgrade status) not
+                        acknowledged by JetStream
+  22  upgrade-target    (run) the updater is starting an upgrade target and this
+                        binary is another version: no READY, so it rolls back
 ",
         config = Layout::production().agent_config().display(),
         defaults = config::DEFAULTS,

@@ -227,6 +227,9 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// Every architecture the fleet ships.
+    pub const ALL: [Arch; 3] = [Self::X86_64, Self::Aarch64, Self::Armv7];
+
     pub fn parse(v: &str) -> Result<Self, ValidationError> {
         match v {
             "x86_64" => Ok(Self::X86_64),

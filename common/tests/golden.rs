@@ -677,3 +677,123 @@ fn oci_agent_manifest_as_fleetctl_pushes_it() {
         })
     );
 }
+
+#[test]
+fn seen_attempts_golden() {
+    let a = attempt();
+    let mut seen = SeenAttempts::default();
+    seen.record(SeenAttempt {
+        uuid: a.uuid,
+        digest: a.digest(),
+        target_version: Some(a.target_version.clone()),
+        outcome: AttemptOutcome::Complete,
+        at: t(0),
+    });
+    seen.record(SeenAttempt {
+        uuid: AttemptUuid::parse("7d3e2f10-9a4b-4c5d-8e6f-a1b2c3d4e5f6").expect("uuid"),
+        digest: Sha256Hex::of(b"{\"uuid\":\"7d3e2f10-9a4b-4c5d-8e6f-a1b2c3d4e5f6\"}"),
+        target_version: None,
+        outcome: AttemptOutcome::Rejected,
+        at: t(1_000),
+    });
+    check("seen-attempts", &seen);
+    let outcomes: Vec<String> = [
+        AttemptOutcome::Forwarded,
+        AttemptOutcome::Rejected,
+        AttemptOutcome::Complete,
+        AttemptOutcome::Failed,
+        AttemptOutcome::RollbackFailed,
+    ]
+    .iter()
+    .map(|o| {
+        let json = serde_json::to_string(o).expect("json");
+        assert_eq!(json, format!("\"{o}\""));
+        o.to_string()
+    })
+    .collect();
+    assert_eq!(
+        outcomes,
+        [
+            "forwarded",
+            "rejected",
+            "complete",
+            "failed",
+            "rollback-failed"
+        ]
+    );
+    let bad = r#"{"format":1,"attempts":[],"extra":1}"#;
+    assert!(serde_json::from_str::<SeenAttempts>(bad).is_err());
+}
+
+fn release() -> Release {
+    Release::from_json(
+        br#"{
+            "version": "1.4.0",
+            "artifacts": {
+                "x86_64": {
+                    "artifact-url": "https://releases.example.com/fleet-agent/1.4.0/x86_64",
+                    "sha256": "5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef",
+                    "max-bytes": 20971520
+                },
+                "aarch64": {
+                    "artifact-url": "oci://registry.example.com/fleet-agent@sha256:9a1c6f2b0e3d4c5b6a7f8e9d0c1b2a3f4e5d6c7b8a9f0e1d2c3b4a5f6e7d8c9b",
+                    "sha256": "0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c",
+                    "max-bytes": 20971520
+                }
+            }
+        }"#,
+    )
+    .expect("release")
+}
+
+#[test]
+fn release_golden_and_its_attempts() {
+    let r = release();
+    check("release", &r);
+    let device = DeviceId::parse("truck-0042").expect("device");
+    let uuid = AttemptUuid::parse("0f6e4c1a-6d0b-4c39-9b64-3f1d2a7e5c10").expect("uuid");
+    let a = r
+        .attempt(&device, Arch::X86_64, uuid)
+        .expect("x86_64 artifact");
+    assert_eq!(a, attempt(), "the release makes exactly the pinned attempt");
+    assert!(r.is_release_of(&a));
+    assert_eq!(r.attempt(&device, Arch::Armv7, uuid), None);
+    let mut other = a.clone();
+    other.sha256 = Sha256Hex::of(b"another build");
+    assert!(
+        !r.is_release_of(&other),
+        "changed metadata is another release"
+    );
+    let mut older = a;
+    older.target_version = Version::parse("1.3.0").expect("v");
+    assert!(!r.is_release_of(&older));
+}
+
+#[test]
+fn release_refusals_name_the_problem() {
+    let cases: &[(&str, &str)] = &[
+        (r#"{"version":"1.4.0","artifacts":{}}"#, "lists no artifact"),
+        (
+            r#"{"version":"1.4.0","artifacts":{"riscv64":{}}}"#,
+            "unknown field `riscv64`, expected one of `x86_64`, `aarch64`, `armv7`",
+        ),
+        (r#"{"version":"../x","artifacts":{}}"#, "invalid version"),
+        (
+            r#"{"version":"1.4.0","artifacts":{"x86_64":{"artifact-url":"http://h/a","sha256":"00","max-bytes":1}}}"#,
+            "invalid artifact url",
+        ),
+        (
+            r#"{"version":"1.4.0","artifacts":{"x86_64":{"artifact-url":"https://h/a","sha256":"5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef","max-bytes":0}}}"#,
+            "invalid max-bytes 0",
+        ),
+        (r#"{"version":"1.4.0"}"#, "missing field `artifacts`"),
+        (
+            r#"{"version":"1.4.0","artifacts":{},"notes":"x"}"#,
+            "unknown field `notes`",
+        ),
+    ];
+    for (json, says) in cases {
+        let e = Release::from_json(json.as_bytes()).expect_err(json);
+        assert!(e.to_string().contains(says), "{json}: {e}");
+    }
+}

@@ -9,7 +9,8 @@
 //! the bytes with their digest); `PUT` the manifest
 //! ([`OciManifest::for_agent`]) under the tag; check the digest the
 //! registry answers against the one computed here; print the manifest
-//! digest, the pinned reference, and the sha256 and size for an attempt.
+//! digest, the pinned reference, the sha256 and size, and the entry of a
+//! release file for `fleetctl upgrade` and `rollout`.
 //!
 //! HTTPS only, anonymous (registries that need credentials for a push are
 //! not supported yet), trust anchors the system store plus `--ca-file`.
@@ -47,8 +48,9 @@ Usage:
 Uploads the binary as an OCI artifact (artifactType
 application/vnd.harmony.fleet-agent.v1, one layer of media type
 application/vnd.harmony.fleet-agent.binary.v1, the empty config) and prints
-the manifest digest, the pinned reference and the sha256 and size to put in
-an upgrade attempt.
+the manifest digest, the pinned reference, the sha256 and size, and the
+entry to put under \"artifacts\" of a release file (keyed by the binary's
+architecture) for fleetctl upgrade and rollout.
 ";
 
 /// `fleetctl artifact ...`: runs the subcommand, prints its result or its
@@ -165,11 +167,14 @@ impl fmt::Display for Pushed {
         writeln!(f, "pinned: {}", self.pinned)?;
         writeln!(f, "sha256: {}", self.sha256)?;
         writeln!(f, "size: {}", self.size)?;
-        writeln!(
-            f,
-            "attempt: artifact-url {} (or the tag), sha256 {}, max-bytes at least {}",
-            self.pinned, self.sha256, self.size
-        )
+        // The entry of a release file (under "artifacts", keyed by the
+        // binary's architecture), pinned to the manifest digest.
+        let entry = serde_json::json!({
+            "artifact-url": self.pinned.to_string(),
+            "sha256": self.sha256,
+            "max-bytes": self.size,
+        });
+        writeln!(f, "release entry: {entry}")
     }
 }
 

@@ -1,8 +1,33 @@
 //! `fleetctl`: the operator's CLI for a Harmony fleet.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `cli` | the NATS commands: arguments, dispatch, exit codes |
+//! | `connect` | connection options (like the agent's) and the bounded connection |
+//! | `js` | snapshot reads and pipelined compare-and-set writes on JetStream |
+//! | `fleet` | devices as their keys describe them |
+//! | `admin` | `buckets create` |
+//! | `workload` | `workload apply|rm|ls` |
+//! | `upgrade` | `upgrade`, and the rule for whether a device gets an attempt |
+//! | `rollout` | `rollout` |
+//! | `status` | `status`, `device status` |
+//! | `watch` | `watch` |
+//! | `artifact` | `artifact push` (OCI) |
+//! | `nats_config` | `nats-config` |
 
 mod admin;
 mod artifact;
+mod cli;
+mod connect;
+mod error;
+mod fleet;
+mod js;
 mod nats_config;
+mod rollout;
+mod status;
+mod upgrade;
+mod watch;
+mod workload;
 
 use std::process::ExitCode;
 
@@ -11,10 +36,16 @@ const HELP: &str = "fleetctl: operate a Harmony fleet
 Usage:
   fleetctl nats-config ...   write the nats-server config (see fleetctl nats-config --help)
   fleetctl artifact push ... publish an agent release (see fleetctl artifact --help)
-  fleetctl buckets create    create the KV buckets           (see fleetctl buckets --help)
-  fleetctl workload apply|delete ...  a device's desired workloads
+  fleetctl buckets create    create the KV buckets
+  fleetctl workload apply|rm|ls ...   a device's desired workloads
   fleetctl device status DEVICE       a device's status read back from NATS
+  fleetctl upgrade DEVICE --release RELEASE.json [--retry]
+  fleetctl rollout --release RELEASE.json [--retry]
+  fleetctl status [--json]            the fleet as a table
+  fleetctl watch [--heartbeats]       follow status changes until Ctrl-C
   fleetctl --help | --version
+
+The NATS commands and their options: fleetctl status --help.
 ";
 
 fn main() -> ExitCode {
@@ -30,7 +61,9 @@ fn main() -> ExitCode {
         }
         Some("nats-config") => nats_config::main(&args[1..]),
         Some("artifact") => artifact::main(&args[1..]),
-        Some("buckets") | Some("workload") | Some("device") => admin::main(&args),
+        Some("buckets" | "workload" | "device" | "upgrade" | "rollout" | "status" | "watch") => {
+            cli::main(&args)
+        }
         Some(other) => {
             eprintln!("fleetctl: unknown command {other:?}; see fleetctl --help");
             ExitCode::from(2)

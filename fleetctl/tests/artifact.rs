@@ -52,7 +52,7 @@ fn push_stores_the_release_and_prints_what_an_attempt_needs() {
     assert_eq!(
         text(&out.stdout),
         format!(
-            "pushed {reference}\nmanifest-digest: sha256:{digest}\npinned: {pinned}\nsha256: {sha}\nsize: {}\nattempt: artifact-url {pinned} (or the tag), sha256 {sha}, max-bytes at least {}\n",
+            "pushed {reference}\nmanifest-digest: sha256:{digest}\npinned: {pinned}\nsha256: {sha}\nsize: {}\nrelease entry: {{\"artifact-url\":\"{pinned}\",\"max-bytes\":{},\"sha256\":\"{sha}\"}}\n",
             bytes.len(),
             bytes.len()
         )

@@ -25,6 +25,10 @@ Usage:
                                       run the daemon (under systemd, as root)
   fleet-updater status [--json] [--root DIR]
                                       show the current or last upgrade
+  fleet-updater setup --agent-binary PATH [--config PATH] [--units-from DIR] [--root DIR]
+                                      device setup (idempotent; the package runs it)
+  fleet-updater setup --repair (--agent-binary PATH | --select VERSION)
+                                      the root repair of rollback-failed (REPAIR.md)
   fleet-updater --help | --version
 
 Options:
@@ -39,6 +43,7 @@ Options:
 pub enum Command {
     Run(RunArgs),
     Status { root: Option<PathBuf>, json: bool },
+    Setup(crate::setup::SetupArgs),
     Help,
     Version,
 }
@@ -59,6 +64,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, String
         "--version" | "-V" => return Ok(Command::Version),
         "run" => true,
         "status" => false,
+        "setup" => return crate::setup::parse(args).map(Command::Setup),
         other => return Err(format!("unknown command {other:?}")),
     };
     while let Some(arg) = args.next() {

@@ -18,6 +18,7 @@
 //! | `config` | the config file and the time bounds |
 //! | `fault` | fault injection points (feature `fault-injection`) |
 //! | `cli` | argument parsing, `status` command |
+//! | `setup` | device setup and the root repair of `rollback-failed` |
 
 pub mod cli;
 mod config;
@@ -31,6 +32,7 @@ mod probe;
 mod runas;
 mod server;
 mod service;
+pub mod setup;
 mod state;
 mod status;
 mod transaction;

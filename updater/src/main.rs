@@ -32,6 +32,18 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Setup(args) => match fleet_updater::setup::run(&args) {
+            Ok(done) => {
+                for line in done {
+                    println!("fleet-updater setup: {line}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("fleet-updater setup: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Run(args) => {
             fleet_common::logging::init("fleet-updater");
             match fleet_updater::run(args) {

@@ -116,7 +116,12 @@ pub struct WatchHandle {
 impl WatchHandle {
     /// Joins the thread (shutdown must have been requested).
     pub fn join(self) {
-        threads::join_within(self.thread, JOIN_TIMEOUT, &self.name);
+        self.join_within(JOIN_TIMEOUT);
+    }
+
+    /// [`join`](Self::join) within `timeout` (a caller with its own deadline).
+    pub fn join_within(self, timeout: Duration) {
+        threads::join_within(self.thread, timeout, &self.name);
     }
 }
 

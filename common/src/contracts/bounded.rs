@@ -42,6 +42,10 @@ impl<T, const N: usize> Bounded<T, N> {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+    /// Keeps only the entries for which `keep` is true.
+    pub fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        self.0.retain(keep);
+    }
 }
 
 impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for Bounded<T, N> {

@@ -7,6 +7,8 @@ mod device;
 mod journal;
 mod local;
 mod oci;
+mod release;
+mod seen;
 mod selftest;
 mod status;
 mod workload;
@@ -28,6 +30,8 @@ pub use oci::{
     AgentArtifact, ManifestError, OciDescriptor, OciDigest, OciManifest, AGENT_ARTIFACT_TYPE,
     AGENT_BINARY_MEDIA_TYPE, OCI_EMPTY_BLOB, OCI_EMPTY_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
 };
+pub use release::{Release, ReleaseArtifact, ReleaseArtifacts, ReleaseError};
+pub use seen::{AttemptOutcome, SeenAttempt, SeenAttempts};
 pub use selftest::{SelfTestCheck, SelfTestReport};
 pub use status::{StatusTransition, UpgradePhase, UpgradeReason, UpgradeStatus};
 pub use workload::{

@@ -2,15 +2,17 @@
 //! layout, 3-node cluster; Debian 2.9 and 2.14; 2.14 with the real
 //! `fleet-auth-callout`), an isolated Podman, an HTTPS server with a test
 //! CA, an identity provider on it (JWKS and OAuth2 token endpoint), an OCI
-//! registry (Debian's docker-registry) with a token-auth front, and child
-//! processes that are killed and reaped when a test ends, whatever way it
-//! ends.
+//! registry (Debian's docker-registry) with a token-auth front, a booted
+//! Debian 12 systemd container, and child processes that are killed and
+//! reaped when a test ends, whatever way it ends.
 //!
 //! Everything a test starts lives in a guard whose `Drop` stops it and removes
 //! its temp dirs. Ports are random, nothing is global but `OnceLock` caches,
 //! so tests run in parallel threads.
 
+mod builds;
 mod callout;
+mod device;
 mod https;
 mod idp;
 mod isolation;
@@ -18,12 +20,17 @@ mod nats;
 mod podman;
 mod proc;
 mod registry;
+mod systemd;
 
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use builds::{device_deb, packages_dir, target_dir, workspace_version};
 pub use callout::{CalloutNats, CALLOUT_PASSWORD};
+pub use device::{
+    device_root, test_agent_path, test_updater_path, DeviceRoot, UPGRADE_TEST_VERSION,
+};
 pub use https::{
     Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
 };
@@ -38,6 +45,10 @@ pub use nats::{
 pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
 pub use registry::{FrontAuth, Registry, RegistryFront, FRONT_SERVICE};
+pub use systemd::{
+    apt_mirror, cache_dir, AgentSettings, ExecOutput, SystemdContainer, EXEC_TIMEOUT,
+    SYSTEMD_IMAGE_REPO,
+};
 
 /// How often [`poll_until`] checks its condition.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -84,7 +95,7 @@ pub(crate) fn find_tool(tool: &str) -> Option<PathBuf> {
 
 /// The target dir of this build: the test binary runs from
 /// `<target>/debug/deps/`, so its grandparent is `<target>/debug`.
-fn profile_dir() -> PathBuf {
+pub(crate) fn profile_dir() -> PathBuf {
     if let Ok(exe) = std::env::current_exe() {
         if let Some(deps) = exe.parent() {
             if deps.file_name().is_some_and(|n| n == "deps") {

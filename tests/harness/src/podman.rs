@@ -245,7 +245,7 @@ fn unescape_mount_path(p: &str) -> String {
 }
 
 /// The busybox rootfs as an uncompressed tar, built once per process.
-fn busybox_rootfs_tar() -> &'static [u8] {
+pub(crate) fn busybox_rootfs_tar() -> &'static [u8] {
     static TAR: OnceLock<Vec<u8>> = OnceLock::new();
     TAR.get_or_init(|| {
         let busybox = std::fs::read(BUSYBOX)

@@ -1,0 +1,574 @@
+//! The JetStream requests fleetctl makes beyond the crate's KV helpers,
+//! for a fleet of thousands of devices in seconds:
+//!
+//! - [`read_last`]: the last value of every key matching a filter, through
+//!   one ephemeral push consumer (`last_per_subject`, no acks, flow
+//!   control): one request and a stream of messages instead of one `get`
+//!   per key. The snapshot is complete when the pending count of the
+//!   delivery's ack subject reaches 0.
+//! - [`cas_put_all`]: compare-and-set writes, pipelined: each published
+//!   with `Nats-Expected-Last-Subject-Sequence` (0: the key must never have
+//!   been written) and a reply subject on one inbox, up to
+//!   [`MAX_IN_FLIGHT`] unanswered at a time; JetStream refuses a write
+//!   whose key moved since it was read (another writer won).
+//! - [`follow`]: a consumer from now on (or from a sequence), for `watch`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use fleet_common::limits::NATS_REQUEST_TIMEOUT;
+use fleet_common::subjects::{kv_subject, stream_name};
+use serde::Deserialize;
+
+use crate::error::CtlError;
+
+/// Writes waiting for their ack at most.
+pub const MAX_IN_FLIGHT: usize = 1024;
+/// Idle heartbeat asked of read consumers; a read that hears nothing, not
+/// even a heartbeat, for [`READ_SILENCE`] has lost its consumer.
+const READ_HEARTBEAT: Duration = Duration::from_secs(1);
+const READ_SILENCE: Duration = Duration::from_secs(5);
+/// Bound on a whole snapshot read (10,000 devices take well under a second).
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on collecting the acks of a batch of writes after the last publish.
+const ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// JetStream's error code for a failed expected-last-sequence check.
+const WRONG_LAST_SEQUENCE: u64 = 10071;
+
+/// The last message of one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEntry {
+    /// The key (the subject after `$KV.<bucket>.`).
+    pub key: String,
+    /// Its stream sequence (the revision a CAS write must name).
+    pub seq: u64,
+    /// `None` when the last operation deleted or purged the key.
+    pub value: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ApiError {
+    #[serde(default)]
+    code: u64,
+    #[serde(default)]
+    err_code: u64,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct CreateResponse {
+    #[serde(default)]
+    error: Option<ApiError>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    num_pending: Option<u64>,
+}
+
+/// Stream sequence and pending count of a delivery's `$JS.ACK` subject
+/// (both the short and the domain-qualified forms).
+fn parse_ack(reply: &str) -> Option<(u64, u64)> {
+    let t: Vec<&str> = reply.split('.').collect();
+    if t.len() < 9 || t[0] != "$JS" || t[1] != "ACK" {
+        return None;
+    }
+    let (s, p) = match t.len() {
+        9 => (5, 8),
+        11 | 12 => (7, 10),
+        _ => return None,
+    };
+    Some((t[s].parse().ok()?, t[p].parse().ok()?))
+}
+
+fn status_of(m: &nats::Message) -> Option<&str> {
+    m.headers.as_ref()?.get("Status").map(String::as_str)
+}
+
+fn is_delete(m: &nats::Message) -> bool {
+    matches!(
+        m.headers
+            .as_ref()
+            .and_then(|h| h.get("KV-Operation"))
+            .map(String::as_str),
+        Some("DEL") | Some("PURGE")
+    )
+}
+
+/// What one wait on a consumer brought.
+enum Delivery {
+    /// A key's message and the consumer's pending count after it.
+    Entry(KvEntry, u64),
+    /// A heartbeat or flow-control request (answered).
+    Control,
+    Nothing,
+}
+
+/// An ephemeral push consumer on `bucket` and its subscription.
+struct Consumer {
+    conn: nats::Connection,
+    bucket: String,
+    name: String,
+    sub: nats::Subscription,
+    pending: u64,
+}
+
+impl Consumer {
+    /// `deliver`: the consumer config's deliver policy fields.
+    fn create(
+        conn: &nats::Connection,
+        bucket: &str,
+        filter: &str,
+        deliver: serde_json::Value,
+    ) -> Result<Consumer, CtlError> {
+        let what = || format!("reading {bucket} ({filter})");
+        let inbox = conn.new_inbox();
+        let sub = conn.subscribe(&inbox).map_err(CtlError::nats(what()))?;
+        let stream = stream_name(bucket);
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let mut config = serde_json::json!({
+            "deliver_subject": inbox,
+            "ack_policy": "none",
+            "replay_policy": "instant",
+            "filter_subject": filter,
+            "flow_control": true,
+            "idle_heartbeat": nanos(READ_HEARTBEAT),
+            "mem_storage": true,
+        });
+        if let (Some(c), Some(d)) = (config.as_object_mut(), deliver.as_object()) {
+            c.extend(d.clone());
+        }
+        let body = serde_json::json!({ "stream_name": stream, "config": config });
+        let reply = conn
+            .request_timeout(
+                &format!("$JS.API.CONSUMER.CREATE.{stream}"),
+                body.to_string(),
+                NATS_REQUEST_TIMEOUT,
+            )
+            .map_err(|e| CtlError::Nats {
+                what: what(),
+                detail: format!("{e} (does the bucket exist? fleetctl buckets create)"),
+            })?;
+        let resp: CreateResponse =
+            serde_json::from_slice(&reply.data).map_err(|e| CtlError::Nats {
+                what: what(),
+                detail: format!("unexpected JetStream answer: {e}"),
+            })?;
+        if let Some(e) = resp.error {
+            return Err(CtlError::Nats {
+                what: what(),
+                detail: format!(
+                    "{} (code {}); create the buckets with fleetctl buckets create",
+                    e.description,
+                    if e.err_code != 0 { e.err_code } else { e.code }
+                ),
+            });
+        }
+        Ok(Consumer {
+            conn: conn.clone(),
+            bucket: bucket.to_owned(),
+            name: resp.name.unwrap_or_default(),
+            sub,
+            pending: resp.num_pending.unwrap_or(0),
+        })
+    }
+
+    /// The next delivery, answering flow control.
+    fn next(&self, wait: Duration) -> Result<Delivery, std::io::Error> {
+        let m = match self.sub.next_timeout(wait) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Ok(Delivery::Nothing),
+            Err(e) => return Err(e),
+        };
+        if status_of(&m).is_some() {
+            let fc = m.reply.clone().or_else(|| {
+                m.headers
+                    .as_ref()
+                    .and_then(|h| h.get("Nats-Consumer-Stalled"))
+                    .cloned()
+            });
+            if let Some(fc) = fc {
+                self.conn.publish(&fc, b"")?;
+            }
+            return Ok(Delivery::Control);
+        }
+        let prefix = format!("$KV.{}.", self.bucket);
+        let Some(key) = m.subject.strip_prefix(&prefix) else {
+            return Ok(Delivery::Control);
+        };
+        let Some((seq, pending)) = m.reply.as_deref().and_then(parse_ack) else {
+            return Ok(Delivery::Control);
+        };
+        let value = (!is_delete(&m)).then_some(m.data);
+        Ok(Delivery::Entry(
+            KvEntry {
+                key: key.to_owned(),
+                seq,
+                value,
+            },
+            pending,
+        ))
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        // Best effort: the server would remove it anyway once nobody listens.
+        if !self.name.is_empty() {
+            let _ = self.conn.publish(
+                &format!(
+                    "$JS.API.CONSUMER.DELETE.{}.{}",
+                    stream_name(&self.bucket),
+                    self.name
+                ),
+                b"",
+            );
+        }
+    }
+}
+
+/// The last value (or deletion) of every key of `bucket` whose subject
+/// matches `filter` (a subject such as `$KV.fleet-status.*.info`).
+pub fn read_last(
+    conn: &nats::Connection,
+    bucket: &str,
+    filter: &str,
+) -> Result<Vec<KvEntry>, CtlError> {
+    let c = Consumer::create(
+        conn,
+        bucket,
+        filter,
+        serde_json::json!({"deliver_policy": "last_per_subject"}),
+    )?;
+    let mut out: HashMap<String, KvEntry> = HashMap::new();
+    if c.pending == 0 {
+        return Ok(Vec::new());
+    }
+    let what = || format!("reading {bucket} ({filter})");
+    let deadline = Instant::now() + READ_TIMEOUT;
+    let mut heard = Instant::now();
+    loop {
+        if Instant::now() >= deadline {
+            return Err(CtlError::Nats {
+                what: what(),
+                detail: format!("not complete within {} s", READ_TIMEOUT.as_secs()),
+            });
+        }
+        match c.next(READ_HEARTBEAT).map_err(CtlError::nats(what()))? {
+            Delivery::Entry(entry, pending) => {
+                heard = Instant::now();
+                out.insert(entry.key.clone(), entry);
+                if pending == 0 {
+                    break;
+                }
+            }
+            Delivery::Control => heard = Instant::now(),
+            Delivery::Nothing if heard.elapsed() > READ_SILENCE => {
+                return Err(CtlError::Nats {
+                    what: what(),
+                    detail: format!("the server sent nothing for {} s", READ_SILENCE.as_secs()),
+                })
+            }
+            Delivery::Nothing => {}
+        }
+    }
+    let mut v: Vec<KvEntry> = out.into_values().collect();
+    v.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(v)
+}
+
+/// One compare-and-set write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CasWrite {
+    pub key: String,
+    pub value: Vec<u8>,
+    /// The key's last stream sequence as read (0: never written).
+    pub expected_seq: u64,
+}
+
+/// What became of one write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CasOutcome {
+    Written {
+        seq: u64,
+    },
+    /// The key moved since it was read: another writer won.
+    Conflict(String),
+    Failed(String),
+}
+
+#[derive(Debug, Deserialize)]
+struct PubAck {
+    #[serde(default)]
+    seq: Option<u64>,
+    #[serde(default)]
+    error: Option<ApiError>,
+}
+
+fn outcome_of(data: &[u8]) -> CasOutcome {
+    match serde_json::from_slice::<PubAck>(data) {
+        Ok(PubAck { error: Some(e), .. }) if e.err_code == WRONG_LAST_SEQUENCE => {
+            CasOutcome::Conflict(e.description)
+        }
+        Ok(PubAck { error: Some(e), .. }) => CasOutcome::Failed(format!(
+            "{} (code {})",
+            e.description,
+            if e.err_code != 0 { e.err_code } else { e.code }
+        )),
+        Ok(PubAck { seq: Some(seq), .. }) => CasOutcome::Written { seq },
+        _ => CasOutcome::Failed(format!(
+            "unexpected JetStream answer: {}",
+            String::from_utf8_lossy(data)
+                .chars()
+                .take(200)
+                .collect::<String>()
+        )),
+    }
+}
+
+/// Writes every `writes[i]` to `bucket`, each only if its key is still at
+/// its expected sequence; the outcome of each, in the same order.
+pub fn cas_put_all(
+    conn: &nats::Connection,
+    bucket: &str,
+    writes: &[CasWrite],
+) -> Result<Vec<CasOutcome>, CtlError> {
+    let what = || format!("writing {} keys of {bucket}", writes.len());
+    let inbox = conn.new_inbox();
+    let sub = conn
+        .subscribe(&format!("{inbox}.*"))
+        .map_err(CtlError::nats(what()))?;
+    let mut outcomes: Vec<Option<CasOutcome>> = vec![None; writes.len()];
+    let mut answered = 0usize;
+    let mut sent = 0usize;
+    let receive = |wait: Duration, outcomes: &mut Vec<Option<CasOutcome>>| -> bool {
+        match sub.next_timeout(wait) {
+            Ok(m) => {
+                let i = m
+                    .subject
+                    .rsplit('.')
+                    .next()
+                    .and_then(|t| t.parse::<usize>().ok());
+                if let Some(slot) = i.and_then(|i| outcomes.get_mut(i)) {
+                    if slot.is_none() {
+                        *slot = Some(if status_of(&m) == Some("503") {
+                            CasOutcome::Failed(format!(
+                                "no JetStream stream for {bucket} (create the buckets with fleetctl buckets create)"
+                            ))
+                        } else {
+                            outcome_of(&m.data)
+                        });
+                        return true;
+                    }
+                }
+                false
+            }
+            Err(_) => false,
+        }
+    };
+    let mut last_send = Instant::now();
+    while answered < writes.len() {
+        while sent < writes.len() && sent - answered < MAX_IN_FLIGHT {
+            let w = &writes[sent];
+            let mut headers = nats::header::HeaderMap::new();
+            headers.insert(
+                "Nats-Expected-Last-Subject-Sequence",
+                w.expected_seq.to_string(),
+            );
+            conn.publish_with_reply_or_headers(
+                &kv_subject(bucket, &w.key),
+                Some(&format!("{inbox}.{sent}")),
+                Some(&headers),
+                &w.value,
+            )
+            .map_err(CtlError::nats(what()))?;
+            sent += 1;
+            last_send = Instant::now();
+        }
+        if receive(Duration::from_millis(200), &mut outcomes) {
+            answered += 1;
+        } else if last_send.elapsed() > ACK_TIMEOUT {
+            break;
+        }
+    }
+    Ok(outcomes
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or_else(|| {
+                CasOutcome::Failed(format!(
+                    "no JetStream acknowledgement within {} s; the write may or may not have happened: read the key back",
+                    ACK_TIMEOUT.as_secs()
+                ))
+            })
+        })
+        .collect())
+}
+
+/// A consumer delivering every change of `filter` from now on
+/// (`from_seq`: from that stream sequence instead), for `watch`.
+pub struct Follow {
+    consumer: Consumer,
+    heard: Instant,
+}
+
+impl std::fmt::Debug for Follow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Follow({})", self.consumer.name)
+    }
+}
+
+/// What [`Follow::next`] saw.
+#[derive(Debug)]
+pub enum Followed {
+    Entry(KvEntry),
+    Quiet,
+    /// No message and no heartbeat for a while: make a new consumer.
+    Lost,
+}
+
+pub fn follow(
+    conn: &nats::Connection,
+    bucket: &str,
+    filter: &str,
+    from_seq: Option<u64>,
+) -> Result<Follow, CtlError> {
+    let deliver = match from_seq {
+        Some(seq) => {
+            serde_json::json!({"deliver_policy": "by_start_sequence", "opt_start_seq": seq})
+        }
+        None => serde_json::json!({"deliver_policy": "new"}),
+    };
+    Ok(Follow {
+        consumer: Consumer::create(conn, bucket, filter, deliver)?,
+        heard: Instant::now(),
+    })
+}
+
+impl Follow {
+    pub fn next(&mut self, wait: Duration) -> Followed {
+        match self.consumer.next(wait) {
+            Ok(Delivery::Entry(entry, _)) => {
+                self.heard = Instant::now();
+                Followed::Entry(entry)
+            }
+            Ok(Delivery::Control) => {
+                self.heard = Instant::now();
+                Followed::Quiet
+            }
+            Ok(Delivery::Nothing) if self.heard.elapsed() > READ_SILENCE => Followed::Lost,
+            Ok(Delivery::Nothing) => Followed::Quiet,
+            Err(_) => Followed::Lost,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ack_subjects_and_write_answers_parse() {
+        assert_eq!(
+            parse_ack("$JS.ACK.KV_fleet-status.c1.1.42.7.1700000000000000000.3"),
+            Some((42, 3))
+        );
+        assert_eq!(
+            parse_ack("$JS.ACK.hub.ACC.KV_fleet-status.c1.1.42.7.1700000000000000000.0.rnd"),
+            Some((42, 0))
+        );
+        assert_eq!(parse_ack("_INBOX.x.1"), None);
+        assert_eq!(
+            outcome_of(br#"{"stream":"KV_fleet-control","seq":12}"#),
+            CasOutcome::Written { seq: 12 }
+        );
+        assert_eq!(
+            outcome_of(br#"{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 5"}}"#),
+            CasOutcome::Conflict("wrong last sequence: 5".into())
+        );
+        assert_eq!(
+            outcome_of(br#"{"error":{"code":503,"description":"no leader"}}"#),
+            CasOutcome::Failed("no leader (code 503)".into())
+        );
+    }
+
+    /// The compare-and-set refusal a losing writer meets, on both servers.
+    #[test]
+    fn a_write_over_a_moved_key_is_a_conflict_and_nothing_is_written() {
+        for v in fleet_harness::NatsVersion::all() {
+            let server = fleet_harness::NatsServer::start_fleet(v, &[]);
+            let conn = server.admin();
+            let key = |i: usize| format!("dev{i}.agent-upgrade-intent");
+            let writes: Vec<CasWrite> = (0..3000)
+                .map(|i| CasWrite {
+                    key: key(i),
+                    value: format!("first {i}").into_bytes(),
+                    expected_seq: 0,
+                })
+                .collect();
+            let first = cas_put_all(&conn, "fleet-control", &writes).expect("first writes");
+            assert!(
+                first
+                    .iter()
+                    .all(|o| matches!(o, CasOutcome::Written { .. })),
+                "{v:?}: {:?}",
+                first
+                    .iter()
+                    .find(|o| !matches!(o, CasOutcome::Written { .. }))
+            );
+            let CasOutcome::Written { seq } = first[7] else {
+                unreachable!()
+            };
+            let again = cas_put_all(
+                &conn,
+                "fleet-control",
+                &[
+                    // Created meanwhile by another writer.
+                    CasWrite {
+                        key: key(7),
+                        value: b"late create".to_vec(),
+                        expected_seq: 0,
+                    },
+                    // Read before the other writer's update.
+                    CasWrite {
+                        key: key(7),
+                        value: b"update".to_vec(),
+                        expected_seq: seq,
+                    },
+                    CasWrite {
+                        key: key(7),
+                        value: b"stale update".to_vec(),
+                        expected_seq: seq,
+                    },
+                ],
+            )
+            .expect("second writes");
+            assert!(
+                matches!(&again[0], CasOutcome::Conflict(d) if d.contains("wrong last sequence")),
+                "{v:?}: {again:?}"
+            );
+            assert!(
+                matches!(again[1], CasOutcome::Written { .. }),
+                "{v:?}: {again:?}"
+            );
+            assert!(
+                matches!(&again[2], CasOutcome::Conflict(_)),
+                "{v:?}: {again:?}"
+            );
+            let last = read_last(
+                &conn,
+                "fleet-control",
+                &format!("$KV.fleet-control.{}", key(7)),
+            )
+            .expect("read");
+            assert_eq!(last.len(), 1);
+            assert_eq!(last[0].value.as_deref(), Some(b"update".as_slice()));
+            let all = read_last(
+                &conn,
+                "fleet-control",
+                "$KV.fleet-control.*.agent-upgrade-intent",
+            )
+            .expect("read all");
+            assert_eq!(all.len(), 3000, "{v:?}");
+        }
+    }
+}

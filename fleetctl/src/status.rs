@@ -1,0 +1,241 @@
+//! `fleetctl status [--json]`: the fleet as a table — device, agent
+//! version, config state, age of the last heartbeat, upgrade phase,
+//! workloads ready — read in one pass ([`crate::fleet::read`]); and
+//! `fleetctl device status DEVICE`: one device in detail.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use fleet_common::contracts::WorkloadState;
+use fleet_common::validate::DeviceId;
+use fleet_common::Timestamp;
+
+use crate::error::CtlError;
+use crate::fleet::{self, DeviceView, Keys, Scope};
+
+/// `12s`, `4m`, `3h`, `2d`.
+pub fn age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m", s / 60),
+        3600..=86_399 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// One row of the table, as text cells.
+fn cells(d: &DeviceView, now: Timestamp) -> [String; 6] {
+    let dash = || "-".to_owned();
+    let heartbeat = d.heartbeat.as_ref().map_or_else(dash, |h| {
+        let a = age(now.since(h.at));
+        if h.stopping.is_some() {
+            format!("{a} (stopped)")
+        } else {
+            a
+        }
+    });
+    let upgrade = d.upgrade.as_ref().map_or_else(dash, |u| {
+        let reason = u.reason.map(|r| format!(" ({r})")).unwrap_or_default();
+        format!("{}{reason} {}", u.phase, u.target_version)
+    });
+    [
+        d.id.to_string(),
+        d.info
+            .as_ref()
+            .map_or_else(dash, |i| i.agent_version.to_string()),
+        d.info
+            .as_ref()
+            .map_or_else(dash, |i| i.config_state.state.name().to_owned()),
+        heartbeat,
+        upgrade,
+        d.workloads.as_ref().map_or_else(dash, |w| {
+            let (ready, total) = w.ready();
+            format!("{ready}/{total}")
+        }),
+    ]
+}
+
+/// The table, columns aligned.
+pub fn render_table(devices: &[&DeviceView], now: Timestamp) -> String {
+    let header = [
+        "DEVICE",
+        "AGENT",
+        "CONFIG",
+        "HEARTBEAT",
+        "UPGRADE",
+        "WORKLOADS",
+    ]
+    .map(str::to_owned);
+    let rows: Vec<[String; 6]> = std::iter::once(header)
+        .chain(devices.iter().map(|d| cells(d, now)))
+        .collect();
+    let mut widths = [0usize; 6];
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in &rows {
+        let mut line = String::new();
+        for (i, (c, w)) in r.iter().zip(widths).enumerate() {
+            if i + 1 == r.len() {
+                line.push_str(c);
+            } else {
+                let _ = write!(line, "{c:<w$}  ");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// One device as JSON for scripts.
+pub fn json_row(d: &DeviceView, now: Timestamp) -> serde_json::Value {
+    serde_json::json!({
+        "device": d.id,
+        "agent-version": d.info.as_ref().map(|i| i.agent_version.clone()),
+        "arch": d.info.as_ref().map(|i| i.arch),
+        "config-state": d.info.as_ref().map(|i| i.config_state.state.name()),
+        "heartbeat-at": d.heartbeat.as_ref().map(|h| h.at),
+        "heartbeat-age-secs": d.heartbeat.as_ref().map(|h| now.since(h.at).as_secs()),
+        "stopped": d.heartbeat.as_ref().is_some_and(|h| h.stopping.is_some()),
+        "upgrade": d.upgrade.as_ref().map(|u| serde_json::json!({
+            "phase": u.phase,
+            "reason": u.reason,
+            "target-version": u.target_version,
+            "attempt-uuid": u.attempt_uuid,
+            "error": u.error,
+        })),
+        "workloads-ready": d.workloads.as_ref().map(|w| w.ready().0),
+        "workloads-total": d.workloads.as_ref().map(|w| w.ready().1),
+        "unreadable": d.unreadable,
+    })
+}
+
+/// `fleetctl status`.
+pub fn run(conn: &nats::Connection, json: bool) -> Result<String, CtlError> {
+    let devices = fleet::read(conn, &Scope::Fleet, Keys::All)?;
+    let now = Timestamp::now();
+    let list: Vec<&DeviceView> = devices.values().collect();
+    if json {
+        let rows: Vec<serde_json::Value> = list.iter().map(|d| json_row(d, now)).collect();
+        let mut s = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
+        s.push('\n');
+        return Ok(s);
+    }
+    if list.is_empty() {
+        return Ok("no device has reported yet\n".to_owned());
+    }
+    Ok(render_table(&list, now))
+}
+
+/// `fleetctl device status DEVICE`.
+pub fn device(conn: &nats::Connection, device: &str) -> Result<String, CtlError> {
+    let d = DeviceId::parse(device).map_err(|e| CtlError::Input(e.to_string()))?;
+    let devices = fleet::read(conn, &Scope::Device(d.clone()), Keys::All)?;
+    let v = devices
+        .get(&d)
+        .cloned()
+        .unwrap_or_else(|| DeviceView::new(d.clone()));
+    let mut out = String::new();
+    match &v.info {
+        Some(i) => {
+            let _ = writeln!(
+                out,
+                "device {}: agent {} ({}), {}, kernel {}, podman {}, {}",
+                i.device_id,
+                i.agent_version,
+                i.arch,
+                i.os,
+                i.kernel,
+                i.podman_version.as_ref().map_or("disabled", |v| v.as_str()),
+                i.config_state.state.name()
+            );
+        }
+        None => {
+            let _ = writeln!(out, "device {d}: no device info yet");
+        }
+    }
+    if let Some(h) = &v.heartbeat {
+        let _ = write!(out, "heartbeat {} (up {} s)", h.at, h.uptime_secs);
+        if let Some(s) = &h.stopping {
+            let _ = write!(
+                out,
+                ", stopped at {} after draining {} ms",
+                s.at, s.drain_duration_ms
+            );
+        }
+        out.push('\n');
+    }
+    if let Some(u) = &v.upgrade {
+        let reason = u.reason.map(|r| format!(" ({r})")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "upgrade: {}{reason} to {}, attempt {} since {}",
+            u.phase, u.target_version, u.attempt_uuid, u.phase_changed_at
+        );
+        if let Some(e) = &u.error {
+            let _ = writeln!(out, "  error: {e}");
+        }
+    }
+    match &v.workloads {
+        Some(r) => {
+            let (running, total) = r.ready();
+            let _ = writeln!(
+                out,
+                "workloads: {running}/{total} running (observed {})",
+                r.observed_at
+            );
+            for (name, w) in &r.workloads {
+                let _ = writeln!(
+                    out,
+                    "  {name}: {}, image {}, container {}, restarts {}{}",
+                    state_name(w.state),
+                    w.image,
+                    w.container_id.as_deref().unwrap_or("-"),
+                    w.restarts,
+                    w.last_error
+                        .as_ref()
+                        .map(|e| format!(", last error: {e}"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        None => out.push_str("workloads: none reported yet\n"),
+    }
+    for u in &v.unreadable {
+        let _ = writeln!(out, "unreadable: {u}");
+    }
+    Ok(out)
+}
+
+pub fn state_name(s: WorkloadState) -> &'static str {
+    match s {
+        WorkloadState::Pending => "pending",
+        WorkloadState::Running => "running",
+        WorkloadState::Exited => "exited",
+        WorkloadState::BackOff => "back-off",
+        WorkloadState::Invalid => "invalid",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_and_an_empty_table() {
+        assert_eq!(age(Duration::from_secs(5)), "5s");
+        assert_eq!(age(Duration::from_secs(125)), "2m");
+        assert_eq!(age(Duration::from_secs(7300)), "2h");
+        assert_eq!(age(Duration::from_secs(200_000)), "2d");
+        let d = DeviceView::new(DeviceId::parse("dev1").expect("id"));
+        assert_eq!(
+            render_table(&[&d], Timestamp::now()),
+            "DEVICE  AGENT  CONFIG  HEARTBEAT  UPGRADE  WORKLOADS\ndev1    -      -       -          -        -\n"
+        );
+    }
+}

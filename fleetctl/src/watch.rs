@@ -1,0 +1,142 @@
+//! `fleetctl watch [--heartbeats]`: follows `fleet-status` and prints one
+//! line per change until interrupted (Ctrl-C). Heartbeats are printed only
+//! with `--heartbeats`. Every read is bounded; a consumer that goes silent
+//! (no message, no heartbeat) or a reconnect is replaced by a new one from
+//! the next sequence, so nothing is missed or printed twice.
+
+use std::io::Write;
+use std::time::Duration;
+
+use fleet_common::contracts::{DeviceInfo, Heartbeat, UpgradeStatus, WorkloadsReport};
+use fleet_common::subjects::BUCKET_STATUS;
+use fleet_common::Timestamp;
+
+use crate::error::CtlError;
+use crate::js::{self, Followed, KvEntry};
+
+/// Longest single wait for a change.
+const WAIT: Duration = Duration::from_secs(1);
+/// Pause before making a new consumer after one was lost.
+const RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// The line for one change; `None` for a heartbeat without `--heartbeats`.
+pub fn line(e: &KvEntry, heartbeats: bool, now: Timestamp) -> Option<String> {
+    let (device, key) = e.key.split_once('.')?;
+    let Some(value) = &e.value else {
+        return Some(format!("{now} {device} {key}: deleted"));
+    };
+    let unreadable = |err: serde_json::Error| format!("unreadable ({err})");
+    let what = match key {
+        "info" => serde_json::from_slice::<DeviceInfo>(value).map_or_else(unreadable, |i| {
+            format!(
+                "agent {} ({}), {}",
+                i.agent_version,
+                i.arch,
+                i.config_state.state.name()
+            )
+        }),
+        "upgrade" => serde_json::from_slice::<UpgradeStatus>(value).map_or_else(unreadable, |u| {
+            let reason = u.reason.map(|r| format!(" ({r})")).unwrap_or_default();
+            let mut s = format!(
+                "{}{reason} to {}, attempt {}",
+                u.phase, u.target_version, u.attempt_uuid
+            );
+            if let Some(err) = &u.error {
+                s.push_str(&format!("; error: {err}"));
+            }
+            s
+        }),
+        "workloads" => {
+            serde_json::from_slice::<WorkloadsReport>(value).map_or_else(unreadable, |w| {
+                let (ready, total) = w.ready();
+                format!("{ready}/{total} ready")
+            })
+        }
+        "heartbeat" if !heartbeats => return None,
+        "heartbeat" => serde_json::from_slice::<Heartbeat>(value).map_or_else(unreadable, |h| {
+            let mut s = format!("up {} s, {}", h.uptime_secs, h.config_state.state.name());
+            if let Some(st) = h.stopping {
+                s.push_str(&format!(
+                    ", stopping (drained in {} ms)",
+                    st.drain_duration_ms
+                ));
+            }
+            s
+        }),
+        _ => format!("{} bytes", value.len()),
+    };
+    Some(format!("{now} {device} {key}: {what}"))
+}
+
+/// Runs until the process is interrupted; returns only on a first
+/// connection-level failure.
+pub fn run(conn: &nats::Connection, heartbeats: bool) -> Result<(), CtlError> {
+    let filter = format!("$KV.{BUCKET_STATUS}.>");
+    let mut follow = js::follow(conn, BUCKET_STATUS, &filter, None)?;
+    eprintln!("watching {BUCKET_STATUS} (Ctrl-C stops)");
+    let mut next_seq: Option<u64> = None;
+    let stdout = std::io::stdout();
+    loop {
+        match follow.next(WAIT) {
+            Followed::Entry(e) => {
+                next_seq = Some(e.seq + 1);
+                if let Some(l) = line(&e, heartbeats, Timestamp::now()) {
+                    let mut out = stdout.lock();
+                    if writeln!(out, "{l}").and_then(|()| out.flush()).is_err() {
+                        // The reader went away (a closed pipe).
+                        return Ok(());
+                    }
+                }
+            }
+            Followed::Quiet => {}
+            Followed::Lost => loop {
+                eprintln!("the watch consumer went silent; following again");
+                std::thread::sleep(RETRY_DELAY);
+                match js::follow(conn, BUCKET_STATUS, &filter, next_seq) {
+                    Ok(f) => {
+                        follow = f;
+                        break;
+                    }
+                    Err(e) => eprintln!("fleetctl watch: {e}; retrying"),
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_only_when_asked_and_deletes_are_said() {
+        let now = Timestamp::from_unix_millis(0);
+        let hb = KvEntry {
+            key: "dev1.heartbeat".into(),
+            seq: 3,
+            value: Some(br#"{"at":"2026-11-29T13:44:31.000Z","uptime-secs":30,"agent-version":"1.0","config-state":{"state":"configured"}}"#.to_vec()),
+        };
+        assert_eq!(line(&hb, false, now), None);
+        assert_eq!(
+            line(&hb, true, now).as_deref(),
+            Some("1970-01-01T00:00:00.000Z dev1 heartbeat: up 30 s, configured")
+        );
+        let gone = KvEntry {
+            key: "dev1.upgrade".into(),
+            seq: 4,
+            value: None,
+        };
+        assert_eq!(
+            line(&gone, false, now).as_deref(),
+            Some("1970-01-01T00:00:00.000Z dev1 upgrade: deleted")
+        );
+        let bad = KvEntry {
+            key: "dev1.info".into(),
+            seq: 5,
+            value: Some(b"{}".to_vec()),
+        };
+        assert!(line(&bad, false, now)
+            .expect("a line")
+            .starts_with("1970-01-01T00:00:00.000Z dev1 info: unreadable (missing field"));
+    }
+}

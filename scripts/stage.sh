@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Lays out the installed files, for `make install` and for the packages.
+#
+#   stage.sh device   ROOT BIN_DIR    the device package: fixed paths (DESIGN.md "On the device")
+#   stage.sh fleetctl ROOT BIN_DIR PREFIX
+#                                     the operator CLI under PREFIX
+#   stage.sh list device|fleetctl [PREFIX]
+#                                     the files (no directories) the role installs, one a line
+#
+# ROOT is DESTDIR (empty or / for the live system). BIN_DIR holds the release
+# binaries of one architecture. Modes are set here; owners are root in the
+# packages (dpkg-deb --root-owner-group, %attr in the spec) and whoever runs
+# `make install` otherwise (root, on a device).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# path-in-root  mode  source (bin:NAME = BIN_DIR/NAME, link:TARGET = a symlink)
+device_files() {
+	cat <<'EOF'
+usr/lib/harmony-fleet/fleet-updater 0755 bin:fleet-updater
+usr/sbin/fleet-updater 0777 link:/usr/lib/harmony-fleet/fleet-updater
+usr/share/harmony-fleet/bootstrap/fleet-agent 0755 bin:fleet-agent
+usr/lib/systemd/system/fleet-agent.service 0644 packaging/systemd/fleet-agent.service
+usr/lib/systemd/system/fleet-updater.service 0644 packaging/systemd/fleet-updater.service
+usr/lib/sysusers.d/harmony-fleet.conf 0644 packaging/sysusers.d/harmony-fleet.conf
+usr/lib/tmpfiles.d/harmony-fleet.conf 0644 packaging/tmpfiles.d/harmony-fleet.conf
+usr/share/doc/harmony-fleet/README.md 0644 packaging/README.md
+usr/share/doc/harmony-fleet/REPAIR.md 0644 updater/REPAIR.md
+usr/share/doc/harmony-fleet/copyright 0644 packaging/copyright
+EOF
+}
+
+fleetctl_files() {
+	local prefix=${1#/}
+	cat <<EOF
+$prefix/bin/fleetctl 0755 bin:fleetctl
+$prefix/share/doc/harmony-fleetctl/copyright 0644 packaging/copyright
+EOF
+}
+
+files_of() {
+	case $1 in
+	device) device_files ;;
+	fleetctl) fleetctl_files "${2:?fleetctl needs PREFIX}" ;;
+	*) echo "stage.sh: unknown role $1 (device or fleetctl)" >&2; exit 2 ;;
+	esac
+}
+
+stage() {
+	local role=$1 root=${2:-/} bin_dir=$3 prefix=${4:-}
+	root=${root%/}
+	local path mode src from
+	while read -r path mode src; do
+		case $src in
+		link:*)
+			mkdir -p "$(dirname "$root/$path")"
+			ln -sfn "${src#link:}" "$root/$path"
+			continue
+			;;
+		bin:*)
+			from=$bin_dir/${src#bin:}
+			[[ -f $from ]] || { echo "stage.sh: missing $from: build the release binaries first (make release ARCH=...)" >&2; exit 1; }
+			;;
+		*) from=$src ;;
+		esac
+		install -D -m "$mode" "$from" "$root/$path"
+	done < <(files_of "$role" "$prefix")
+}
+
+case ${1:-} in
+device) stage device "${2-}" "${3:?stage.sh device ROOT BIN_DIR}" ;;
+fleetctl) stage fleetctl "${2-}" "${3:?}" "${4:?stage.sh fleetctl ROOT BIN_DIR PREFIX}" ;;
+list) files_of "${2:?}" "${3:-}" | awk '{ print "/" $1 }' ;;
+*) sed -n '2,16p' "$0" >&2; exit 2 ;;
+esac

@@ -1,0 +1,988 @@
+//! A booted Debian 12 with systemd as PID 1, in a privileged Podman
+//! container on the host's network: the nearest thing to a device these
+//! tests can get. Packages install in it, its units run under real systemd,
+//! rootless Podman runs nested in it as `fleet-agent`, and it reaches the
+//! host's loopback nats-server and HTTPS servers at 127.0.0.1.
+//!
+//! The image is built once per machine and cached: `debootstrap` of bookworm
+//! (minbase with systemd, dbus, ca-certificates and the rootless Podman
+//! stack) from the mirror apt uses here, a few files added, `podman import`.
+//! It lives in one shared Podman storage under [`cache_dir`] (not per test),
+//! its tag carries a hash of the recipe (a changed recipe builds a new image)
+//! and a file lock makes concurrent test processes build it once.
+//!
+//! Every container is labelled with its owning test process (pid and start
+//! time); the first boot in a process removes containers whose owner is gone.
+//! Drop removes the container.
+//!
+//! Power loss is [`SystemdContainer::power_cycle`]: SIGKILL to the container,
+//! then a boot with the same disk. The container shares the host's kernel and
+//! page cache, so writes that were not fsynced survive it: it proves
+//! recovery from an interrupted process tree, not from lost page cache.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use fleet_common::process::{run_bounded, Output};
+use sha2::{Digest, Sha256};
+
+use crate::podman::busybox_rootfs_tar;
+use crate::{poll_until, require_tool};
+
+/// Repository of the cached image; the tag is `bookworm-<recipe hash>`.
+pub const SYSTEMD_IMAGE_REPO: &str = "localhost/fleet-test/systemd";
+/// The Debian suite of the image.
+const SUITE: &str = "bookworm";
+/// Used when no apt source for the suite is found on the host.
+const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
+/// Packages on top of minbase: systemd as init, the rootless Podman stack
+/// the agent uses (`podman`, `uidmap`, `slirp4netns`, `fuse-overlayfs`, a
+/// user bus for the lingering user manager), `procps` and `socat` for
+/// tests.
+const INCLUDE: &[&str] = &[
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "dbus-user-session",
+    "libpam-systemd",
+    "ca-certificates",
+    "podman",
+    // debootstrap does not resolve virtual packages: podman's
+    // container-network-stack and its runtime alternative, named.
+    "containernetworking-plugins",
+    "crun",
+    "conmon",
+    "uidmap",
+    "slirp4netns",
+    "fuse-overlayfs",
+    "procps",
+    // A client for the local sockets (the updater's, the agent's).
+    "socat",
+];
+/// Files added to the rootfs before the import: (path, mode, content).
+const EXTRA_FILES: &[(&str, u32, &str)] = &[
+    // Debian's udev gives these 0666; the container's /dev has them 0600.
+    // slirp4netns and fuse-overlayfs open them as the rootless user.
+    (
+        "etc/tmpfiles.d/fleet-test-devices.conf",
+        0o644,
+        "z /dev/net/tun 0666 - - -\nz /dev/fuse 0666 - - -\n",
+    ),
+    ("etc/hostname", 0o644, "fleet-device\n"),
+];
+
+/// Default cache dir; `FLEET_TEST_CACHE` overrides it.
+const DEFAULT_CACHE_DIR: &str = "/var/cache/fleet-test";
+/// Runtime state of the shared Podman (lost on a host reboot, as it should).
+const RUN_DIR: &str = "/run/fleet-test";
+
+/// debootstrap downloads about 120 MB; on a slow mirror this is generous.
+const DEBOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// `podman import` of the ~400 MB rootfs (measured ~10 s).
+const IMPORT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// One podman call of the harness (run, cp, kill, rm).
+const PODMAN_TIMEOUT: Duration = Duration::from_secs(120);
+/// One command run in the container by [`SystemdContainer::exec`].
+pub const EXEC_TIMEOUT: Duration = Duration::from_secs(300);
+/// systemd reaching `running` or `degraded` after `podman run` (< 2 s here).
+const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
+/// A clean shutdown (`podman stop`, SIGRTMIN+3 to systemd).
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(90);
+/// Output kept from one command.
+const MAX_OUTPUT: usize = 16 * 1024 * 1024;
+/// Where [`SystemdContainer::trust_artifact_ca`] puts the CA.
+const ARTIFACT_CA: &str = "/etc/harmony-fleet/artifact-ca.pem";
+/// Lines of a unit's journal shown in a panic message.
+const JOURNAL_LINES_IN_PANIC: &str = "200";
+
+/// The cache dir: `$FLEET_TEST_CACHE` or `/var/cache/fleet-test`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("FLEET_TEST_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE_DIR))
+}
+
+/// The agent's side of a device in the container: who it is, its NATS
+/// server (the host's loopback), and whether it runs rootless Podman
+/// (nested Podman works in this container).
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub device_id: String,
+    pub nats_url: String,
+    pub password: String,
+    pub podman: bool,
+}
+
+impl AgentSettings {
+    /// Device `id` of a fleet-layout [`crate::NatsServer`] (password
+    /// `<id>-pw`), Podman enabled.
+    pub fn for_fleet_server(id: &str, server: &crate::NatsServer) -> Self {
+        Self {
+            device_id: id.to_owned(),
+            nats_url: server.url(),
+            password: crate::device_password(id),
+            podman: true,
+        }
+    }
+}
+
+/// Where [`SystemdContainer::configure_agent`] writes.
+const AGENT_CONFIG: &str = "/etc/harmony-fleet/agent.json";
+const NATS_PASSWORD_FILE: &str = "/etc/harmony-fleet/nats-password";
+
+/// What one command in the container left.
+#[derive(Debug, Clone)]
+pub struct ExecOutput {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl ExecOutput {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+/// The Podman instance all systemd containers of this machine share.
+#[derive(Debug)]
+struct SharedPodman {
+    binary: PathBuf,
+    root: PathBuf,
+    runroot: PathBuf,
+    tmp: PathBuf,
+    containers_conf: PathBuf,
+    storage_conf: PathBuf,
+    image: String,
+}
+
+impl SharedPodman {
+    /// The instance, its image built; a failure is kept, so the other tests
+    /// of the process fail at once with it instead of building again.
+    fn get() -> &'static SharedPodman {
+        static SHARED: OnceLock<Result<SharedPodman, String>> = OnceLock::new();
+        let shared = SHARED.get_or_init(|| {
+            std::panic::catch_unwind(|| {
+                let p = SharedPodman::configure();
+                p.remove_orphans();
+                p.ensure_image();
+                p
+            })
+            .map_err(|panic| {
+                panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "unknown panic".to_owned())
+            })
+        });
+        match shared {
+            Ok(p) => p,
+            Err(e) => panic!("the systemd test image is unavailable: {e}"),
+        }
+    }
+
+    fn configure() -> SharedPodman {
+        let binary = require_tool("podman", "podman");
+        let runc = require_tool("runc", "runc");
+        let cache = cache_dir();
+        let run = PathBuf::from(RUN_DIR);
+        let p = SharedPodman {
+            binary,
+            root: cache.join("podman/root"),
+            runroot: run.join("runroot"),
+            tmp: run.join("tmp"),
+            containers_conf: cache.join("podman/containers.conf"),
+            storage_conf: cache.join("podman/storage.conf"),
+            image: format!("{SYSTEMD_IMAGE_REPO}:{SUITE}-{}", recipe_hash()),
+        };
+        for dir in [&p.root, &p.runroot, &p.tmp] {
+            create_dir_all(dir);
+        }
+        let conf = format!(
+            "[containers]\n\
+             default_ulimits = [\"nofile=20000:20000\", \"nproc=32768:32768\"]\n\
+             [engine]\n\
+             runtime = \"runc\"\n\
+             cgroup_manager = \"cgroupfs\"\n\
+             events_logger = \"file\"\n\
+             lock_type = \"file\"\n\
+             tmp_dir = {}\n\
+             [engine.runtimes]\n\
+             runc = [{}]\n",
+            toml_string(&p.tmp),
+            toml_string(&runc),
+        );
+        let storage = format!(
+            "[storage]\ndriver = \"overlay\"\ngraphroot = {}\nrunroot = {}\n",
+            toml_string(&p.root),
+            toml_string(&p.runroot),
+        );
+        // Concurrent processes write the same bytes; a rename keeps every
+        // reader from seeing a half-written file.
+        write_atomic(&p.containers_conf, conf.as_bytes());
+        write_atomic(&p.storage_conf, storage.as_bytes());
+        p
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--root")
+            .arg(&self.root)
+            .arg("--runroot")
+            .arg(&self.runroot)
+            .arg("--tmpdir")
+            .arg(&self.tmp)
+            .env("CONTAINERS_CONF", &self.containers_conf)
+            .env("CONTAINERS_STORAGE_CONF", &self.storage_conf);
+        cmd
+    }
+
+    /// Runs podman with `args`; `Err(stderr)` when it fails.
+    fn try_run(&self, args: &[&str], timeout: Duration) -> Result<String, String> {
+        let mut cmd = self.command();
+        cmd.args(args);
+        let out = run_bounded(&mut cmd, timeout, MAX_OUTPUT).map_err(|e| e.to_string())?;
+        if out.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "{}: {}",
+                fleet_common::process::describe_status(out.status),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        self.try_run(args, PODMAN_TIMEOUT)
+            .unwrap_or_else(|e| panic!("podman {args:?} failed: {e}"))
+    }
+
+    /// Removes containers whose owning test process is gone (a test killed
+    /// before its Drop ran).
+    fn remove_orphans(&self) {
+        let out = self.run(&[
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label={OWNER_LABEL}"),
+            "--format",
+            &format!("{{{{.Names}}}} {{{{index .Labels \"{OWNER_LABEL}\"}}}}"),
+        ]);
+        for line in out.lines() {
+            let mut parts = line.split_whitespace();
+            let (Some(name), Some(owner)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            if !owner_alive(owner) {
+                let _ = self.try_run(&["rm", "-f", "-t", "0", name], PODMAN_TIMEOUT);
+            }
+        }
+    }
+
+    /// Builds the image unless it exists; one process at a time.
+    fn ensure_image(&self) {
+        if self.image_exists() {
+            return;
+        }
+        let lock_path = cache_dir().join("systemd-image.lock");
+        let lock = File::create(&lock_path)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", lock_path.display()));
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+            .unwrap_or_else(|e| panic!("cannot lock {}: {e}", lock_path.display()));
+        // Another process may have built it while this one waited.
+        if !self.image_exists() {
+            self.build_image();
+        }
+        // The lock is released when `lock` closes.
+    }
+
+    fn image_exists(&self) -> bool {
+        let mut cmd = self.command();
+        cmd.args(["image", "exists", &self.image]);
+        run_bounded(&mut cmd, PODMAN_TIMEOUT, MAX_OUTPUT)
+            .map(|o| o.success())
+            .unwrap_or(false)
+    }
+
+    fn build_image(&self) {
+        let debootstrap = require_tool("debootstrap", "debootstrap");
+        let started = Instant::now();
+        let work = tempfile::Builder::new()
+            .prefix("systemd-image-")
+            .tempdir_in(cache_dir())
+            .unwrap_or_else(|e| {
+                panic!("cannot create a temp dir in {}: {e}", cache_dir().display())
+            });
+        let rootfs = work.path().join("rootfs");
+        let mirror = apt_mirror();
+        let mut cmd = Command::new(debootstrap);
+        cmd.arg("--variant=minbase")
+            .arg(format!("--include={}", INCLUDE.join(",")))
+            .arg(SUITE)
+            .arg(&rootfs)
+            .arg(&mirror);
+        check(
+            &format!("debootstrap {SUITE} from {mirror}"),
+            run_bounded(&mut cmd, DEBOOTSTRAP_TIMEOUT, MAX_OUTPUT),
+        );
+        for (path, mode, content) in EXTRA_FILES {
+            let p = rootfs.join(path);
+            write_file(&p, content.as_bytes());
+            set_mode(&p, *mode);
+        }
+        // Downloaded .debs are not needed in the image.
+        let archives = rootfs.join("var/cache/apt/archives");
+        if let Ok(entries) = std::fs::read_dir(&archives) {
+            for e in entries.flatten() {
+                if e.path().extension().is_some_and(|x| x == "deb") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let tar = work.path().join("rootfs.tar");
+        let mut cmd = Command::new("tar");
+        cmd.arg("-C").arg(&rootfs).arg("-cf").arg(&tar).arg(".");
+        check(
+            "tar of the rootfs",
+            run_bounded(&mut cmd, IMPORT_TIMEOUT, MAX_OUTPUT),
+        );
+        self.try_run(
+            &["import", "--quiet", &tar.to_string_lossy(), &self.image],
+            IMPORT_TIMEOUT,
+        )
+        .unwrap_or_else(|e| panic!("podman import {}: {e}", self.image));
+        // Images of older recipes are dead weight (one in use by a running
+        // container of another process stays: rmi refuses it).
+        if let Ok(list) = self.try_run(
+            &[
+                "images",
+                "--format",
+                "{{.Repository}}:{{.Tag}}",
+                "--filter",
+                &format!("reference={SYSTEMD_IMAGE_REPO}"),
+            ],
+            PODMAN_TIMEOUT,
+        ) {
+            for old in list.lines().map(str::trim).filter(|i| *i != self.image) {
+                let _ = self.try_run(&["rmi", old], PODMAN_TIMEOUT);
+            }
+        }
+        eprintln!(
+            "harness: built {} in {:.0?} (cached in {})",
+            self.image,
+            started.elapsed(),
+            cache_dir().display()
+        );
+    }
+}
+
+/// Label naming the test process that owns a container: `<pid>:<start time>`.
+const OWNER_LABEL: &str = "fleet-test.owner";
+
+/// This process as `<pid>:<start time in clock ticks since boot>` (a pid
+/// alone may be reused).
+fn owner_id() -> String {
+    let pid = std::process::id();
+    format!("{pid}:{}", start_time(pid).unwrap_or_default())
+}
+
+fn owner_alive(owner: &str) -> bool {
+    let Some((pid, start)) = owner.split_once(':') else {
+        return false;
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    start_time(pid).is_some_and(|s| s == start)
+}
+
+/// Field 22 of /proc/<pid>/stat (after the parenthesised command name).
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19).map(str::to_owned)
+}
+
+/// The Debian mirror apt uses for the suite here (deb822 `.sources` files or
+/// `sources.list`), else deb.debian.org.
+pub fn apt_mirror() -> String {
+    let mut candidates = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/etc/apt/sources.list.d") {
+        let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        paths.sort();
+        for p in paths {
+            if p.extension().is_some_and(|x| x == "sources") {
+                candidates.extend(mirrors_in_deb822(
+                    &std::fs::read_to_string(&p).unwrap_or_default(),
+                ));
+            } else if p.extension().is_some_and(|x| x == "list") {
+                candidates.extend(mirrors_in_list(
+                    &std::fs::read_to_string(&p).unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    candidates.extend(mirrors_in_list(
+        &std::fs::read_to_string("/etc/apt/sources.list").unwrap_or_default(),
+    ));
+    candidates
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| DEFAULT_MIRROR.to_owned())
+}
+
+/// URIs of deb822 stanzas of type `deb` for [`SUITE`] (not its -updates or
+/// -security suites).
+fn mirrors_in_deb822(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for stanza in text.split("\n\n") {
+        let field = |name: &str| {
+            stanza
+                .lines()
+                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()))
+                .unwrap_or_default()
+        };
+        let types = field("Types:");
+        let suites = field("Suites:");
+        if types.split_whitespace().any(|t| t == "deb")
+            && suites.split_whitespace().any(|s| s == SUITE)
+        {
+            found.extend(field("URIs:").split_whitespace().map(str::to_owned));
+        }
+    }
+    found
+}
+
+/// URIs of one-line `deb URI SUITE ...` entries.
+fn mirrors_in_list(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace().filter(|w| !w.starts_with('['));
+            (words.next()? == "deb").then_some(())?;
+            let uri = words.next()?;
+            (words.next()? == SUITE).then(|| uri.to_owned())
+        })
+        .collect()
+}
+
+/// The recipe: a change in it builds a new image.
+fn recipe_hash() -> String {
+    let mut h = Sha256::new();
+    h.update(SUITE);
+    for p in INCLUDE {
+        h.update(p);
+        h.update([0]);
+    }
+    for (path, mode, content) in EXTRA_FILES {
+        h.update(path);
+        h.update(mode.to_le_bytes());
+        h.update(content);
+    }
+    let d = h.finalize();
+    d.iter().take(6).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A booted systemd container, removed on drop. See the module doc.
+#[derive(Debug)]
+pub struct SystemdContainer {
+    name: String,
+}
+
+impl SystemdContainer {
+    /// Boots a fresh container from the cached image (building it on first
+    /// use on this machine) and waits until systemd reports `running` or
+    /// `degraded`.
+    pub fn boot() -> SystemdContainer {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let podman = SharedPodman::get();
+        let name = format!(
+            "fleet-sd-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let owner = owner_id();
+        podman.run(&[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--label",
+            &format!("{OWNER_LABEL}={owner}"),
+            "--privileged",
+            "--systemd=always",
+            "--network",
+            "host",
+            "--hostname",
+            "fleet-device",
+            &podman.image,
+            "/sbin/init",
+        ]);
+        let c = SystemdContainer { name };
+        c.wait_booted();
+        c
+    }
+
+    /// Whether a container named `name` exists in the shared storage.
+    pub fn exists(name: &str) -> bool {
+        let mut cmd = SharedPodman::get().command();
+        cmd.args(["container", "exists", name]);
+        run_bounded(&mut cmd, PODMAN_TIMEOUT, MAX_OUTPUT)
+            .unwrap_or_else(|e| panic!("podman container exists {name}: {e}"))
+            .success()
+    }
+
+    /// The container's name in the shared Podman storage.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `args` in the container (as root), bounded by [`EXEC_TIMEOUT`].
+    pub fn exec(&self, args: &[&str]) -> ExecOutput {
+        self.exec_with_timeout(args, EXEC_TIMEOUT)
+    }
+
+    /// [`exec`](Self::exec) with its own bound; panics on timeout.
+    pub fn exec_with_timeout(&self, args: &[&str], timeout: Duration) -> ExecOutput {
+        let mut cmd = SharedPodman::get().command();
+        cmd.args(["exec", &self.name]).args(args);
+        let out = run_bounded(&mut cmd, timeout, MAX_OUTPUT)
+            .unwrap_or_else(|e| panic!("{}: exec {args:?}: {e}", self.name));
+        exec_output(out)
+    }
+
+    /// Runs `args`; panics with its output unless it exits 0; returns stdout.
+    pub fn exec_ok(&self, args: &[&str]) -> String {
+        let out = self.exec(args);
+        if !out.success() {
+            panic!(
+                "{}: {args:?} exited {:?}\nstdout:\n{}\nstderr:\n{}",
+                self.name, out.code, out.stdout, out.stderr
+            );
+        }
+        out.stdout
+    }
+
+    /// `sh -c script`, which must exit 0; returns stdout.
+    pub fn sh(&self, script: &str) -> String {
+        self.exec_ok(&["sh", "-c", script])
+    }
+
+    /// Copies the host file or directory `host` to `dest` in the container.
+    pub fn copy_in(&self, host: &Path, dest: &str) {
+        SharedPodman::get().run(&[
+            "cp",
+            &host.to_string_lossy(),
+            &format!("{}:{dest}", self.name),
+        ]);
+    }
+
+    /// Writes `content` to `dest` (parents created) with `mode`, owned
+    /// root:root.
+    pub fn write_file(&self, dest: &str, content: &[u8], mode: u32) {
+        let tmp = tempfile::NamedTempFile::new()
+            .unwrap_or_else(|e| panic!("cannot create a temp file: {e}"));
+        std::fs::write(tmp.path(), content)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", tmp.path().display()));
+        let parent = Path::new(dest)
+            .parent()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "/".to_owned());
+        self.exec_ok(&["mkdir", "-p", &parent]);
+        self.copy_in(tmp.path(), dest);
+        self.exec_ok(&["chown", "root:root", dest]);
+        self.exec_ok(&["chmod", &format!("{mode:o}"), dest]);
+    }
+
+    /// Reads `path` in the container.
+    pub fn read_file(&self, path: &str) -> String {
+        self.exec_ok(&["cat", path])
+    }
+
+    /// Copies the package in and installs it with `dpkg -i`; returns what
+    /// dpkg (and the maintainer scripts) printed. Panics when dpkg fails.
+    pub fn install_deb(&self, deb: &Path) -> String {
+        let name = deb
+            .file_name()
+            .unwrap_or_else(|| panic!("{} has no file name", deb.display()))
+            .to_string_lossy()
+            .into_owned();
+        let dest = format!("/tmp/{name}");
+        self.copy_in(deb, &dest);
+        let out = self.exec(&["dpkg", "-i", &dest]);
+        let text = format!("{}{}", out.stdout, out.stderr);
+        if !out.success() {
+            panic!(
+                "{}: dpkg -i {name} failed ({:?}):\n{text}\nupdater journal:\n{}",
+                self.name,
+                out.code,
+                self.journal("fleet-updater.service")
+            );
+        }
+        text
+    }
+
+    /// Installs this build's device package ([`crate::device_deb`]).
+    pub fn install_device(&self) -> String {
+        self.install_deb(&crate::device_deb())
+    }
+
+    /// Writes the agent's config for `agent` (and its NATS password file,
+    /// root:fleet-agent 0640, like the config): run after the package is
+    /// installed (the group must exist). Does not start the agent.
+    pub fn configure_agent(&self, agent: &AgentSettings) {
+        self.write_file(NATS_PASSWORD_FILE, agent.password.as_bytes(), 0o640);
+        self.exec_ok(&["chgrp", "fleet-agent", NATS_PASSWORD_FILE]);
+        let config = serde_json::json!({
+            "device-id": agent.device_id,
+            "nats": {
+                "servers": [agent.nats_url],
+                "auth": {
+                    "method": "user-password",
+                    "user": agent.device_id,
+                    "password-file": NATS_PASSWORD_FILE,
+                },
+            },
+            "podman": {"enabled": agent.podman},
+        });
+        let text = serde_json::to_string_pretty(&config).unwrap_or_default();
+        self.write_file(AGENT_CONFIG, text.as_bytes(), 0o640);
+        self.exec_ok(&["chgrp", "fleet-agent", AGENT_CONFIG]);
+    }
+
+    /// The unit's `ActiveState` (`active`, `activating`, `failed`, ...).
+    pub fn active_state(&self, unit: &str) -> String {
+        self.exec(&["systemctl", "show", "-p", "ActiveState", "--value", unit])
+            .stdout
+            .trim()
+            .to_owned()
+    }
+
+    /// Waits until `unit` is `active` (for `Type=notify`: READY=1 was sent).
+    /// Panics with its status and journal after `timeout`.
+    pub fn wait_active(&self, unit: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.active_state(unit) == "active" {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let status = self.exec(&["systemctl", "status", "--no-pager", "-l", unit]);
+                panic!(
+                    "{}: {unit} not active within {timeout:?}\n{}\njournal:\n{}",
+                    self.name,
+                    status.stdout,
+                    self.journal(unit)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The unit's journal of this boot (the last 200 lines).
+    pub fn journal(&self, unit: &str) -> String {
+        let out = self.exec(&[
+            "journalctl",
+            "-b",
+            "--no-pager",
+            "-o",
+            "short-precise",
+            "-n",
+            JOURNAL_LINES_IN_PANIC,
+            "-u",
+            unit,
+        ]);
+        out.stdout
+    }
+
+    /// Adds `pem` to the system trust store (update-ca-certificates).
+    pub fn trust_ca(&self, name: &str, pem: &str) {
+        self.write_file(
+            &format!("/usr/local/share/ca-certificates/{name}.crt"),
+            pem.as_bytes(),
+            0o644,
+        );
+        self.exec_ok(&["update-ca-certificates"]);
+    }
+
+    /// Makes the installed updater trust `ca_pem` for artifact HTTPS (and
+    /// OCI registries over TLS): `/etc/harmony-fleet/artifact-ca.pem` and
+    /// `updater.json` naming it, then a restart of the updater when it runs.
+    pub fn trust_artifact_ca(&self, ca_pem: &str) {
+        self.write_file(ARTIFACT_CA, ca_pem.as_bytes(), 0o644);
+        self.write_file(
+            "/etc/harmony-fleet/updater.json",
+            format!("{{\"ca-file\": \"{ARTIFACT_CA}\"}}\n").as_bytes(),
+            0o644,
+        );
+        self.exec_ok(&["systemctl", "try-restart", "fleet-updater.service"]);
+    }
+
+    /// Imports the harness's busybox image into `user`'s rootless Podman
+    /// storage (the user must exist, with subordinate ids and a running
+    /// user manager); returns the image name.
+    pub fn import_busybox_as(&self, user: &str) -> String {
+        let tmp = tempfile::NamedTempFile::new()
+            .unwrap_or_else(|e| panic!("cannot create a temp file: {e}"));
+        std::fs::write(tmp.path(), busybox_rootfs_tar())
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", tmp.path().display()));
+        self.copy_in(tmp.path(), "/tmp/busybox-rootfs.tar");
+        self.exec_ok(&["chmod", "0644", "/tmp/busybox-rootfs.tar"]);
+        let args = self.as_user_args(
+            user,
+            &[
+                "podman",
+                "import",
+                "--quiet",
+                "/tmp/busybox-rootfs.tar",
+                crate::BUSYBOX_IMAGE,
+            ],
+        );
+        self.exec_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        crate::BUSYBOX_IMAGE.to_owned()
+    }
+
+    /// `args` run as `user` in a transient system service of the container
+    /// with the user's runtime dir (as the agent runs): for
+    /// [`exec`](Self::exec).
+    pub fn as_user_args(&self, user: &str, args: &[&str]) -> Vec<String> {
+        let uid = self.exec_ok(&["id", "-u", user]).trim().to_owned();
+        let mut v: Vec<String> = [
+            "systemd-run",
+            "--quiet",
+            "--wait",
+            "--pipe",
+            "--collect",
+            "-p",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        v.push(format!("User={user}"));
+        v.push("-E".to_owned());
+        v.push(format!("XDG_RUNTIME_DIR=/run/user/{uid}"));
+        v.extend(args.iter().map(|s| (*s).to_owned()));
+        v
+    }
+
+    /// SIGKILL to the whole container: systemd and everything under it die
+    /// at once. The container stays, stopped, with its disk; see
+    /// [`start`](Self::start).
+    pub fn kill(&self) {
+        let podman = SharedPodman::get();
+        podman.run(&["kill", "-s", "KILL", &self.name]);
+        poll_until(
+            &format!("{} to stop after SIGKILL", self.name),
+            PODMAN_TIMEOUT,
+            || (self.state() != "running").then_some(()),
+        );
+    }
+
+    /// Boots the (stopped) container again with the same disk, and waits
+    /// for systemd.
+    pub fn start(&self) {
+        SharedPodman::get().run(&["start", &self.name]);
+        self.wait_booted();
+    }
+
+    /// Power loss and power back: [`kill`](Self::kill), then
+    /// [`start`](Self::start).
+    pub fn power_cycle(&self) {
+        self.kill();
+        self.start();
+    }
+
+    /// A clean reboot: systemd stops every unit (their stop timeouts
+    /// apply), then the container boots again.
+    pub fn restart(&self) {
+        SharedPodman::get()
+            .try_run(
+                &[
+                    "stop",
+                    "-t",
+                    &SHUTDOWN_TIMEOUT.as_secs().to_string(),
+                    &self.name,
+                ],
+                SHUTDOWN_TIMEOUT + PODMAN_TIMEOUT,
+            )
+            .unwrap_or_else(|e| panic!("podman stop {}: {e}", self.name));
+        self.start();
+    }
+
+    /// Sends one request line to the local socket at `path` in the
+    /// container, as `user` with its groups (the sockets admit by peer
+    /// credentials, and a peer outside the container's PID namespace has
+    /// none they can read), and returns the response line.
+    pub fn socket_request(
+        &self,
+        user: &str,
+        path: &str,
+        request: &str,
+        timeout: Duration,
+    ) -> String {
+        // socat: stdin to the socket; after stdin's end, up to `timeout`
+        // for the answer (an upgrade is answered after its probe).
+        let script = format!(
+            "printf '%s\\n' \"$1\" | exec setpriv --reuid={user} --regid={user} --init-groups \
+             socat -t {secs} - UNIX-CONNECT:{path}",
+            secs = timeout.as_secs().max(1)
+        );
+        let out = self.exec_with_timeout(
+            &["sh", "-c", &script, "sh", request],
+            timeout + Duration::from_secs(10),
+        );
+        if !out.success() {
+            panic!("{}: request to {path} as {user} failed: {out:?}", self.name);
+        }
+        out.stdout
+    }
+
+    /// `path` of the running container as the host reaches it, through
+    /// `/proc/<its PID 1>/root`: a test can, say, connect to the updater
+    /// socket in the container's /run (as root, whom the updater admits).
+    pub fn host_path(&self, path: &str) -> PathBuf {
+        let pid = SharedPodman::get()
+            .run(&["inspect", "--format", "{{.State.Pid}}", &self.name])
+            .trim()
+            .to_owned();
+        assert!(
+            pid.parse::<u32>().is_ok_and(|p| p > 0),
+            "{}: no PID 1 ({pid:?}): is it running?",
+            self.name
+        );
+        PathBuf::from(format!("/proc/{pid}/root")).join(path.trim_start_matches('/'))
+    }
+
+    /// Podman's state of the container (`running`, `exited`, ...).
+    pub fn state(&self) -> String {
+        SharedPodman::get()
+            .run(&["inspect", "--format", "{{.State.Status}}", &self.name])
+            .trim()
+            .to_owned()
+    }
+
+    fn wait_booted(&self) {
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            // Until systemd's bus is up, systemctl fails to connect; then
+            // --wait blocks until start-up finished.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let out = self.exec_with_timeout(&["systemctl", "is-system-running", "--wait"], left);
+            last = format!("{}{}", out.stdout, out.stderr).trim().to_owned();
+            match out.stdout.trim() {
+                "running" | "degraded" => return,
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        let failed = self.exec(&["systemctl", "--failed", "--no-pager"]);
+        panic!(
+            "{}: systemd did not finish booting within {BOOT_TIMEOUT:?} (last: {last:?})\n{}",
+            self.name, failed.stdout
+        );
+    }
+}
+
+impl Drop for SystemdContainer {
+    fn drop(&mut self) {
+        if let Err(e) =
+            SharedPodman::get().try_run(&["rm", "-f", "-t", "0", &self.name], PODMAN_TIMEOUT)
+        {
+            eprintln!("harness: cannot remove {}: {e}", self.name);
+        }
+    }
+}
+
+fn exec_output(out: Output) -> ExecOutput {
+    ExecOutput {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn check(what: &str, out: Result<Output, fleet_common::process::ProcessError>) {
+    match out {
+        Ok(o) if o.success() => {}
+        Ok(o) => panic!(
+            "{what} failed ({}):\n{}\n{}",
+            fleet_common::process::describe_status(o.status),
+            tail(&o.stdout),
+            tail(&o.stderr)
+        ),
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+/// The last 4 KiB of `b`.
+fn tail(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(b);
+    let start = s.len().saturating_sub(4096);
+    let start = (start..s.len())
+        .find(|i| s.is_char_boundary(*i))
+        .unwrap_or(s.len());
+    s[start..].to_owned()
+}
+
+fn toml_string(p: &Path) -> String {
+    format!("{:?}", p.to_string_lossy())
+}
+
+fn create_dir_all(p: &Path) {
+    std::fs::create_dir_all(p).unwrap_or_else(|e| panic!("cannot create {}: {e}", p.display()));
+}
+
+fn write_file(path: &Path, bytes: &[u8]) {
+    if let Some(parent) = path.parent() {
+        create_dir_all(parent);
+    }
+    std::fs::write(path, bytes).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    write_file(&tmp, bytes);
+    std::fs::rename(&tmp, path)
+        .unwrap_or_else(|e| panic!("cannot rename {} to {}: {e}", tmp.display(), path.display()));
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("cannot chmod {}: {e}", path.display()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mirrors_are_read_from_deb822_and_one_line_sources() {
+        let deb822 = "Types: deb\n# comment\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n\
+                      Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\n";
+        assert_eq!(
+            mirrors_in_deb822(deb822),
+            vec!["http://deb.debian.org/debian"]
+        );
+        let list = "deb [arch=amd64] http://mirror.example/debian bookworm main\n\
+                    deb https://packages.cloud.google.com/apt cloud-sdk-bookworm main\n";
+        assert_eq!(mirrors_in_list(list), vec!["http://mirror.example/debian"]);
+    }
+
+    #[test]
+    fn this_process_owns_and_a_gone_one_does_not() {
+        assert!(owner_alive(&owner_id()));
+        assert!(!owner_alive("0:0"));
+        assert!(!owner_alive("garbage"));
+        let pid = std::process::id();
+        assert!(
+            !owner_alive(&format!("{pid}:1")),
+            "a reused pid has another start time"
+        );
+    }
+}
