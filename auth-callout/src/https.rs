@@ -1,4 +1,4 @@
-//! HTTPS towards the identity provider (JWKS, token endpoint): a ureq agent
+//! HTTPS towards the identity provider (its JWKS): a ureq agent
 //! that speaks HTTPS only, follows no redirect, bounds the connect and the
 //! whole request, and trusts either the built-in web PKI roots or exactly
 //! the CAs of one PEM file; bodies are read up to a limit.
@@ -126,29 +126,6 @@ pub fn get(agent: &ureq::Agent, url: &str, limit: u64) -> Result<Vec<u8>, HttpsE
         }),
         Err(e) => Err(request_error(url, e)),
     }
-}
-
-/// `POST url` with a form body and extra headers; returns the status and a
-/// body of up to `limit` bytes whatever the status (an OAuth2 error body
-/// says why).
-pub fn post_form(
-    agent: &ureq::Agent,
-    url: &str,
-    headers: &[(&str, &str)],
-    form: &[(&str, &str)],
-    limit: u64,
-) -> Result<(u16, Vec<u8>), HttpsError> {
-    let mut request = agent.post(url).set("Accept", "application/json");
-    for (name, value) in headers {
-        request = request.set(name, value);
-    }
-    let response = match request.send_form(form) {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => return Err(request_error(url, e)),
-    };
-    let status = response.status();
-    Ok((status, read_body(url, response, limit)?))
 }
 
 fn request_error(url: &str, e: ureq::Error) -> HttpsError {

@@ -3,6 +3,7 @@
 //! protocol, NATS names and the device path layout. The daemons depend on
 //! this crate and never on each other.
 
+pub mod b64;
 pub mod callout;
 pub mod contracts;
 pub mod durable;
