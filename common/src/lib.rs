@@ -7,6 +7,7 @@ pub mod b64;
 pub mod callout;
 pub mod contracts;
 pub mod durable;
+pub mod jetstream;
 pub mod layout;
 pub mod limits;
 pub mod logging;
