@@ -19,17 +19,15 @@
 //! [`Secret`]s, whose `Debug` hides them, and no error carries them.
 
 use std::fmt;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use fleet_common::b64::encode_std;
+use fleet_common::https::{self, BodyError, ClientSettings, Trust};
 use fleet_common::limits::{
     IDP_CONNECT_TIMEOUT, IDP_REQUEST_TIMEOUT, MAX_BEARER_JWT_BYTES, MAX_OAUTH_TOKEN_RESPONSE_BYTES,
 };
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 use serde_json::Value;
 
 use crate::config::{ClientCredentials, Secret};
@@ -70,15 +68,8 @@ impl AccessToken {
 /// Why an HTTPS exchange with the token endpoint failed.
 #[derive(Debug)]
 pub enum HttpsError {
-    CaFile {
-        path: PathBuf,
-        detail: String,
-    },
-    NoCertificates {
-        path: PathBuf,
-    },
-    SystemRoots(String),
-    Tls(String),
+    /// The trust store (the CA file, or the system bundle) could not be built.
+    Setup(https::TlsSetupError),
     /// Connect, TLS handshake, timeout or protocol failure.
     Request {
         url: String,
@@ -97,21 +88,7 @@ pub enum HttpsError {
 impl fmt::Display for HttpsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::CaFile { path, detail } => write!(
-                f,
-                "cannot read the CA file {}: {detail}; point nats.auth.ca-file at a PEM file of CA certificates",
-                path.display()
-            ),
-            Self::NoCertificates { path } => write!(
-                f,
-                "the CA file {} holds no PEM certificate",
-                path.display()
-            ),
-            Self::SystemRoots(e) => write!(
-                f,
-                "no system CA certificates usable ({e}); install ca-certificates or set nats.auth.ca-file"
-            ),
-            Self::Tls(e) => write!(f, "cannot set up TLS: {e}"),
+            Self::Setup(e) => write!(f, "{e} (nats.auth.ca-file)"),
             Self::Request { url, detail } => write!(
                 f,
                 "request to {url} failed: {detail}; check the URL, the network and the CA"
@@ -206,62 +183,23 @@ impl TokenError {
                 (300..500).contains(status) && !matches!(status, 408 | 429)
             }
             Self::Malformed { .. } | Self::TokenType { .. } => true,
-            Self::Https(e) => matches!(
-                e,
-                HttpsError::CaFile { .. }
-                    | HttpsError::NoCertificates { .. }
-                    | HttpsError::SystemRoots(_)
-                    | HttpsError::Tls(_)
-            ),
+            Self::Https(e) => matches!(e, HttpsError::Setup(_)),
         }
     }
 }
 
-/// The CAs to trust and a ureq agent built on them: HTTPS only, no
-/// redirects, connect and whole request bounded.
+/// A ureq agent trusting `ca_file` only, or the system bundle: HTTPS only,
+/// no redirects, connect and whole request bounded.
 fn https_agent(ca_file: Option<&Path>) -> Result<ureq::Agent, HttpsError> {
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            let ca_err = |detail: String| HttpsError::CaFile {
-                path: path.to_owned(),
-                detail,
-            };
-            let certs = CertificateDer::pem_file_iter(path).map_err(|e| ca_err(e.to_string()))?;
-            for cert in certs {
-                let cert = cert.map_err(|e| ca_err(e.to_string()))?;
-                roots.add(cert).map_err(|e| ca_err(e.to_string()))?;
-            }
-            if roots.is_empty() {
-                return Err(HttpsError::NoCertificates {
-                    path: path.to_owned(),
-                });
-            }
-        }
-        None => {
-            let certs = rustls_native_certs::load_native_certs()
-                .map_err(|e| HttpsError::SystemRoots(e.to_string()))?;
-            let (added, _) = roots.add_parsable_certificates(certs);
-            if added == 0 {
-                return Err(HttpsError::SystemRoots("none found".into()));
-            }
-        }
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| HttpsError::Tls(e.to_string()))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(ureq::AgentBuilder::new()
-        .https_only(true)
-        .redirects(0)
-        .timeout_connect(IDP_CONNECT_TIMEOUT)
-        .timeout(IDP_REQUEST_TIMEOUT)
-        .user_agent(concat!("fleet-agent/", env!("CARGO_PKG_VERSION")))
-        .tls_config(Arc::new(config))
-        .build())
+    https::agent(
+        Trust::file_or_system(ca_file),
+        ClientSettings {
+            connect: IDP_CONNECT_TIMEOUT,
+            request: IDP_REQUEST_TIMEOUT,
+            user_agent: concat!("fleet-agent/", env!("CARGO_PKG_VERSION")),
+        },
+    )
+    .map_err(HttpsError::Setup)
 }
 
 /// `POST url` with a form body and extra headers; the status and a body of
@@ -288,21 +226,16 @@ fn post_form(
         }
     };
     let status = response.status();
-    let mut body = Vec::new();
-    response
-        .into_reader()
-        .take(limit + 1)
-        .read_to_end(&mut body)
-        .map_err(|source| HttpsError::Read {
-            url: url.to_owned(),
-            source,
-        })?;
-    if body.len() as u64 > limit {
-        return Err(HttpsError::TooLarge {
+    let body = https::read_body(response, limit).map_err(|e| match e {
+        BodyError::TooLarge { limit } => HttpsError::TooLarge {
             url: url.to_owned(),
             limit,
-        });
-    }
+        },
+        BodyError::Read(source) => HttpsError::Read {
+            url: url.to_owned(),
+            source,
+        },
+    })?;
     Ok((status, body))
 }
 
@@ -501,6 +434,7 @@ mod tests {
     use super::*;
 
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     use fleet_harness::{Behavior, HttpServer, HttpsServer, ResponseSpec, TestCa};
     use serde_json::json;
@@ -728,7 +662,7 @@ mod tests {
         assert_eq!(
             err,
             format!(
-                "token endpoint: the CA file {} holds no PEM certificate",
+                "token endpoint: the CA file {} holds no PEM certificate: give a PEM file of CA certificates (nats.auth.ca-file)",
                 empty.display()
             )
         );

@@ -7,6 +7,8 @@ pub mod b64;
 pub mod callout;
 pub mod contracts;
 pub mod durable;
+#[cfg(feature = "https")]
+pub mod https;
 pub mod jetstream;
 pub mod layout;
 pub mod limits;
