@@ -28,7 +28,7 @@ use fleet_common::contracts::{JournalPhase, UpgradePhase};
 use fleet_e2e_systemd::matrix::{self, Candidate, Expect, Mode, Outcome, Row};
 use fleet_e2e_systemd::{
     phase_text, Device, Fleet, ReleaseFile, Run, SelfTest, StandIn, BOOTSTRAP, LINK, SETTLE,
-    UPGRADE_TEST_VERSION,
+    UPDATER_UNIT, UPGRADE_TEST_VERSION,
 };
 use fleet_harness::{poll_until, test_agent_path, NatsVersion};
 use fleet_updater::FaultPoint;
@@ -152,7 +152,19 @@ fn run_row(w: &Worker, point: FaultPoint, mode: Mode) -> Outcome {
         outcome.at_fault = d.journal_phase();
         d.disarm();
         match mode {
-            Mode::UpdaterKilled => d.kill_updater(pid),
+            Mode::UpdaterKilled => {
+                let restarts: u32 = d
+                    .show(UPDATER_UNIT, "NRestarts")
+                    .parse()
+                    .expect("NRestarts");
+                d.kill_updater(pid);
+                // systemd restarts it (Restart=always), clean.
+                poll_until("systemd to restart the killed updater", SETTLE, || {
+                    let n: u32 = d.show(UPDATER_UNIT, "NRestarts").parse().ok()?;
+                    (n > restarts && d.show(UPDATER_UNIT, "MainPID") != pid.to_string())
+                        .then_some(())
+                });
+            }
             Mode::PowerLoss => d.c.power_cycle(),
         }
         uuid
