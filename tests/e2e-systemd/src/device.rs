@@ -133,9 +133,14 @@ impl Device {
             .to_owned()
     }
 
-    /// Where the active link points.
+    /// Where the active link points (read through the device's root from
+    /// the host: no `podman exec`).
     pub fn link(&self) -> String {
-        self.c.exec_ok(&["readlink", LINK]).trim().to_owned()
+        let p = self.c.host_path(LINK);
+        std::fs::read_link(&p)
+            .unwrap_or_else(|e| panic!("{}: readlink {LINK}: {e}", self.id))
+            .to_string_lossy()
+            .into_owned()
     }
 
     /// `/usr/lib/harmony-fleet/fleet-agent-v<version>`.
@@ -150,14 +155,26 @@ impl Device {
             .map(str::to_owned)
     }
 
+    /// The agent unit's `ActiveState` and the executable of its main
+    /// process, when it has one: one `podman exec`.
+    pub fn agent_state(&self) -> (String, Option<String>) {
+        let out = self.c.sh(&format!(
+            "systemctl show -p ActiveState --value {AGENT_UNIT}; \
+             pid=$(systemctl show -p MainPID --value {AGENT_UNIT}); \
+             if [ \"$pid\" != 0 ]; then readlink /proc/$pid/exe || true; fi"
+        ));
+        let mut lines = out.lines();
+        let state = lines.next().unwrap_or_default().trim().to_owned();
+        let exe = lines
+            .next()
+            .map(|l| l.trim().to_owned())
+            .filter(|l| !l.is_empty());
+        (state, exe)
+    }
+
     /// The executable of the agent unit's main process, when it has one.
     pub fn running_exe(&self) -> Option<String> {
-        let pid = self.show(AGENT_UNIT, "MainPID");
-        if pid == "0" || pid.is_empty() {
-            return None;
-        }
-        let out = self.c.exec(&["readlink", &format!("/proc/{pid}/exe")]);
-        out.success().then(|| out.stdout.trim().to_owned())
+        self.agent_state().1
     }
 
     /// The version of the agent systemd runs (its main process is a
@@ -166,24 +183,45 @@ impl Device {
         self.running_exe().and_then(|e| Self::version_of(&e))
     }
 
-    /// Every agent process in the device (`fleet-agent run`, real or
-    /// stand-in), as `pid command line`. The pattern is assembled in the
-    /// shell so that the shell's own command line does not match it.
+    /// Every agent process in the device (`/usr/local/bin/fleet-agent run`,
+    /// real or stand-in), as `pid command line`, read from the device's
+    /// own /proc (its PID namespace) through its root.
     pub fn agent_processes(&self) -> Vec<String> {
-        let out = self.c.sh("p=fleet-agent; for d in /proc/[0-9]*; do \
-             c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null) || continue; \
-             case \"$c\" in *\"/usr/local/bin/$p run\"*) echo \"${d#/proc/} $c\";; esac; done");
-        out.lines().map(str::to_owned).collect()
+        let proc_dir = self.c.host_path("/proc");
+        let entries = std::fs::read_dir(&proc_dir)
+            .unwrap_or_else(|e| panic!("{}: {}: {e}", self.id, proc_dir.display()));
+        let mut found = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            // Gone meanwhile: not running.
+            let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+            if cmdline.contains(&format!("{LINK} run")) {
+                found.push(format!("{name} {}", cmdline.trim_end()));
+            }
+        }
+        found.sort();
+        found
     }
 
-    /// The updater journal, when there is one.
+    /// The updater journal, when there is one (read from the host).
     pub fn journal(&self) -> Option<Journal> {
-        let out = self.c.exec(&["cat", JOURNAL]);
-        if !out.success() {
-            return None;
-        }
-        Some(serde_json::from_str(&out.stdout).unwrap_or_else(|e| {
-            panic!("{}: the journal is not valid: {e}: {}", self.id, out.stdout)
+        let bytes = match std::fs::read(self.c.host_path(JOURNAL)) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => panic!("{}: reading {JOURNAL}: {e}", self.id),
+        };
+        Some(serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            panic!(
+                "{}: the journal is not valid: {e}: {}",
+                self.id,
+                String::from_utf8_lossy(&bytes)
+            )
         }))
     }
 
@@ -203,8 +241,9 @@ impl Device {
     pub fn wait_agent(&self, version: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
-            if self.c.active_state(AGENT_UNIT) == "active"
-                && self.running_version().as_deref() == Some(version)
+            let (state, exe) = self.agent_state();
+            if state == "active"
+                && exe.as_deref().and_then(Self::version_of).as_deref() == Some(version)
             {
                 return self.show(AGENT_UNIT, "MainPID");
             }
@@ -252,21 +291,34 @@ impl Device {
             point,
             action: FaultAction::Stop,
         };
-        self.c.write_file(
+        self.write_host(
             FAULT_DROPIN,
             format!("[Service]\nEnvironment={FAULT_ENV}={}\n", fault.env_value()).as_bytes(),
-            0o644,
         );
-        self.c.exec_ok(&["systemctl", "daemon-reload"]);
-        self.c.exec_ok(&["systemctl", "restart", UPDATER_UNIT]);
-        let env = self.show(UPDATER_UNIT, "Environment");
+        let env = self.c.sh(&format!(
+            "systemctl daemon-reload && systemctl restart {UPDATER_UNIT} && \
+             systemctl show -p Environment --value {UPDATER_UNIT}"
+        ));
         assert!(env.contains(&fault.env_value()), "not armed: {env}");
     }
 
     /// Removes the fault drop-in: the next updater start runs clean.
     pub fn disarm(&self) {
-        self.c.exec_ok(&["rm", "-f", FAULT_DROPIN]);
+        let p = self.c.host_path(FAULT_DROPIN);
+        std::fs::remove_file(&p)
+            .unwrap_or_else(|e| panic!("{}: removing {FAULT_DROPIN}: {e}", self.id));
         self.c.exec_ok(&["systemctl", "daemon-reload"]);
+    }
+
+    /// Writes a root-owned 0644 file in the device through its root from
+    /// the host (the container is rootful: root is root there); its
+    /// directory exists. No `podman exec`.
+    fn write_host(&self, path: &str, content: &[u8]) {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.c.host_path(path);
+        std::fs::write(&p, content).unwrap_or_else(|e| panic!("{}: writing {path}: {e}", self.id));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
+            .unwrap_or_else(|e| panic!("{}: chmod {path}: {e}", self.id));
     }
 
     /// Waits until the updater stopped itself at its armed point (state
@@ -320,9 +372,30 @@ impl Device {
         pid
     }
 
-    /// SIGKILL to the updater's `pid` (systemd restarts it).
-    pub fn kill_updater(&self, pid: u32) {
-        self.c.exec_ok(&["kill", "-KILL", &pid.to_string()]);
+    /// SIGKILL to the updater's `pid`, then waits until systemd has
+    /// restarted it (`NRestarts` up, another PID, active again). One shell
+    /// loop in the device.
+    pub fn kill_updater(&self, pid: u32, timeout: Duration) {
+        let script = format!(
+            "show() {{ systemctl show -p \"$1\" --value {UPDATER_UNIT}; }}; \
+             before=$(show NRestarts); kill -KILL {pid} || exit 2; \
+             end=$(( $(date +%s) + {secs} )); \
+             while [ \"$(date +%s)\" -lt \"$end\" ]; do \
+               if [ \"$(show NRestarts)\" -gt \"$before\" ] && [ \"$(show MainPID)\" != {pid} ] \
+                  && [ \"$(show ActiveState)\" = active ]; then exit 0; fi; \
+               sleep 0.05; \
+             done; exit 1",
+            secs = timeout.as_secs()
+        );
+        let out = self
+            .c
+            .exec_with_timeout(&["sh", "-c", &script], timeout + Duration::from_secs(30));
+        assert!(
+            out.success(),
+            "{}: the killed updater was not restarted by systemd within {timeout:?} ({out:?})\n{}",
+            self.id,
+            self.c.journal(UPDATER_UNIT)
+        );
     }
 
     /// `fleet-updater status --json` in the device: the updater's status, or

@@ -28,7 +28,7 @@ use fleet_common::contracts::{JournalPhase, UpgradePhase};
 use fleet_e2e_systemd::matrix::{self, Candidate, Expect, Mode, Outcome, Row};
 use fleet_e2e_systemd::{
     phase_text, Device, Fleet, ReleaseFile, Run, SelfTest, StandIn, BOOTSTRAP, LINK, SETTLE,
-    UPDATER_UNIT, UPGRADE_TEST_VERSION,
+    UPGRADE_TEST_VERSION,
 };
 use fleet_harness::{poll_until, test_agent_path, NatsVersion};
 use fleet_updater::FaultPoint;
@@ -152,20 +152,18 @@ fn run_row(w: &Worker, point: FaultPoint, mode: Mode) -> Outcome {
         outcome.at_fault = d.journal_phase();
         d.disarm();
         match mode {
-            Mode::UpdaterKilled => {
-                let restarts: u32 = d
-                    .show(UPDATER_UNIT, "NRestarts")
-                    .parse()
-                    .expect("NRestarts");
-                d.kill_updater(pid);
-                // systemd restarts it (Restart=always), clean.
-                poll_until("systemd to restart the killed updater", SETTLE, || {
-                    let n: u32 = d.show(UPDATER_UNIT, "NRestarts").parse().ok()?;
-                    (n > restarts && d.show(UPDATER_UNIT, "MainPID") != pid.to_string())
-                        .then_some(())
-                });
+            // systemd restarts it (Restart=always), clean.
+            Mode::UpdaterKilled => d.kill_updater(pid, SETTLE),
+            Mode::PowerLoss => {
+                // /run is a tmpfs: a marker there is gone after a real boot.
+                let marker = d.c.host_path("/run/e2e-before-power-loss");
+                std::fs::write(&marker, b"").expect("the marker");
+                d.c.power_cycle();
+                assert!(
+                    !d.c.host_path("/run/e2e-before-power-loss").exists(),
+                    "the device did not boot again"
+                );
             }
-            Mode::PowerLoss => d.c.power_cycle(),
         }
         uuid
     });
