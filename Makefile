@@ -26,7 +26,7 @@ export AR_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-ar
 DESTDIR ?=
 PREFIX ?= /usr/local
 
-.PHONY: all help deps lint build test test-unit demo bench bench-profiles clean \
+.PHONY: all help deps lint build test test-systemd test-unit demo bench bench-profiles clean \
 	release device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
 
 all: build
@@ -71,9 +71,22 @@ $(TEST_AGENTS)/fleet-updater: $(TEST_AGENT_SOURCES)
 	cp $(TARGET_DIR)/debug/fleet-updater $@.tmp && mv $@.tmp $@
 	$(CARGO) build -p fleet-updater
 
-## test: the one command: dependencies, lint, build, packages, every test.
+## test: the one command: dependencies, lint, build, packages, every test; it ends with the
+## fault matrix under systemd (fault point × outcome, written by tests/e2e-systemd).
+E2E_MATRIX := $(TARGET_DIR)/e2e/matrix.md
 test: deps lint build packages-for-test
-	$(CARGO) test --workspace --no-fail-fast --features fleet-updater/fault-injection
+	@rm -f $(E2E_MATRIX)
+	@status=0; $(CARGO) test --workspace --no-fail-fast --features fleet-updater/fault-injection || status=$$?; \
+	if [ -f $(E2E_MATRIX) ]; then echo; cat $(E2E_MATRIX); else echo "no fault matrix: $(E2E_MATRIX) was not written"; fi; \
+	exit $$status
+
+## test-systemd: only the end-to-end upgrade tests under systemd (tests/e2e-systemd), then the matrix.
+test-systemd: build test-agents
+	$(MAKE) --no-print-directory deb ARCH=amd64
+	@rm -f $(E2E_MATRIX)
+	@status=0; $(CARGO) test -p fleet-e2e-systemd --features fleet-updater/fault-injection || status=$$?; \
+	if [ -f $(E2E_MATRIX) ]; then echo; cat $(E2E_MATRIX); fi; \
+	exit $$status
 
 ## demo: one demo device against a local nats-server (Ctrl-C stops and cleans up).
 demo: deps build

@@ -21,9 +21,13 @@
 //! ```
 //!
 //! `nats.auth.method` is one of `none`, `user-password` (`user`,
-//! `password-file`), `token` (`token-file`), `creds` (`creds-file`) or
+//! `password-file`), `token` (`token-file`), `creds` (`creds-file`),
 //! `tls-certificate` (needs `nats.tls.client-cert-file` and
-//! `client-key-file`). See [`DEFAULTS`] for every optional key.
+//! `client-key-file`) or `oauth2-client-credentials` (`token-url`,
+//! `client-id`, `client-secret-file`, optional `scope`, `audience`,
+//! `ca-file`: the agent gets a bearer token from the identity provider and
+//! presents it to the NATS auth callout, see [`crate::oauth`]). See
+//! [`DEFAULTS`] for every optional key.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -31,7 +35,7 @@ use std::time::Duration;
 
 use fleet_common::durable::{self, DurableError};
 use fleet_common::limits::HEARTBEAT_INTERVAL;
-use fleet_common::validate::DeviceId;
+use fleet_common::validate::{DeviceId, HttpsUrl, ValidationError};
 use fleet_common::Layout;
 use serde_json::{Map, Value};
 
@@ -39,6 +43,8 @@ use serde_json::{Map, Value};
 const MAX_CONFIG_BYTES: u64 = 64 * 1024;
 /// The largest secret (password, token) file read.
 const MAX_SECRET_BYTES: u64 = 16 * 1024;
+/// Longest OAuth2 client ID, scope or audience accepted.
+const MAX_OAUTH_PARAM_BYTES: usize = 1024;
 /// NATS servers one config may list (a cluster and its gateways).
 const MAX_SERVERS: usize = 16;
 /// Extra arguments to podman (storage options).
@@ -46,6 +52,12 @@ const MAX_PODMAN_ARGS: usize = 32;
 
 /// Optional keys and their defaults, for `--help` and the README.
 pub const DEFAULTS: &str = "\
+  nats.auth.scope             absent (oauth2-client-credentials: space-separated scopes;
+                              Zitadel: \"openid urn:zitadel:iam:org:project:id:<id>:aud\")
+  nats.auth.audience          absent (oauth2-client-credentials: sent as the audience
+                              form parameter)
+  nats.auth.ca-file           absent (oauth2-client-credentials: the only CA trusted for
+                              the token endpoint; else the system roots)
   nats.tls                    absent (plain nats:// unless a server URL is tls://);
                               present: TLS required; ca-file, when given, is the only
                               CA trusted (else the system roots)
@@ -66,6 +78,12 @@ pub const DEFAULTS: &str = "\
 pub struct Secret(String);
 
 impl Secret {
+    /// Wraps a secret that did not come from a file (a bearer token).
+    pub fn new(s: String) -> Self {
+        Self(s)
+    }
+
+    /// The secret itself, to send it; never to log it.
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -90,6 +108,25 @@ pub enum NatsAuth {
     Creds(PathBuf),
     /// The TLS client certificate in `nats.tls` is the identity.
     TlsCertificate,
+    /// A bearer token from the identity provider, presented as the NATS
+    /// token to the auth callout and renewed before it expires.
+    OAuth2(ClientCredentials),
+}
+
+/// `oauth2-client-credentials`: what identifies the device to the identity
+/// provider's token endpoint (RFC 6749 section 4.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCredentials {
+    /// The token endpoint (Zitadel: `<issuer>/oauth/v2/token`).
+    pub token_url: HttpsUrl,
+    pub client_id: String,
+    pub client_secret: Secret,
+    /// Space-separated scopes, if any.
+    pub scope: Option<String>,
+    /// Sent as the `audience` form parameter, if any.
+    pub audience: Option<String>,
+    /// The only CA trusted for the token endpoint; absent: the system roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl NatsAuth {
@@ -100,6 +137,7 @@ impl NatsAuth {
             Self::Token(_) => "token",
             Self::Creds(_) => "creds",
             Self::TlsCertificate => "tls-certificate",
+            Self::OAuth2(_) => "oauth2-client-credentials",
         }
     }
 }
@@ -631,11 +669,12 @@ fn parse_auth(mut o: Obj, tls: Option<&Tls>) -> Result<NatsAuth, KeyError> {
             }
             NatsAuth::TlsCertificate
         }
+        "oauth2-client-credentials" => NatsAuth::OAuth2(parse_client_credentials(&mut o)?),
         other => {
             return Err(o.err(
                 "method",
                 format!(
-                    "unknown method {:?}: use none, user-password, token, creds or tls-certificate",
+                    "unknown method {:?}: use none, user-password, token, creds, tls-certificate or oauth2-client-credentials",
                     other.chars().take(40).collect::<String>()
                 ),
             ))
@@ -643,6 +682,74 @@ fn parse_auth(mut o: Obj, tls: Option<&Tls>) -> Result<NatsAuth, KeyError> {
     };
     o.finish()?;
     Ok(auth)
+}
+
+/// `token-url` (https), `client-id`, `client-secret-file`, and optionally
+/// `scope`, `audience` and `ca-file`.
+fn parse_client_credentials(o: &mut Obj) -> Result<ClientCredentials, KeyError> {
+    let url = o.req_string("token-url")?;
+    let token_url = HttpsUrl::parse(&url).map_err(|e| {
+        let why = match &e {
+            _ if !url.starts_with("https://") => "the token is only ever sent over https://".into(),
+            ValidationError::ArtifactUrl { why, .. } => (*why).to_owned(),
+            other => other.to_string(),
+        };
+        o.err(
+            "token-url",
+            format!(
+                "{:?} is not a usable token endpoint: {why}; use https://host[:port]/path",
+                url.chars().take(80).collect::<String>()
+            ),
+        )
+    })?;
+    let client_id = o.req_string("client-id")?;
+    oauth_param(o, "client-id", &client_id)?;
+    let file = o.req_path("client-secret-file")?;
+    let client_secret = read_secret(o, "client-secret-file", &file)?;
+    let scope = o.opt_string("scope")?;
+    if let Some(scope) = &scope {
+        // RFC 6749 section 3.3: scope tokens of printable ASCII but " and \,
+        // separated by single spaces.
+        let ok = scope.len() <= MAX_OAUTH_PARAM_BYTES
+            && scope.split(' ').all(|t| {
+                !t.is_empty()
+                    && t.bytes()
+                        .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+            });
+        if !ok {
+            return Err(o.err(
+                "scope",
+                format!("use scope tokens of printable ASCII (no \" or \\) separated by single spaces, at most {MAX_OAUTH_PARAM_BYTES} bytes"),
+            ));
+        }
+    }
+    let audience = o.opt_string("audience")?;
+    if let Some(audience) = &audience {
+        oauth_param(o, "audience", audience)?;
+    }
+    let ca_file = o.opt_path("ca-file")?;
+    if let Some(p) = &ca_file {
+        readable(o, "ca-file", p)?;
+    }
+    Ok(ClientCredentials {
+        token_url,
+        client_id,
+        client_secret,
+        scope,
+        audience,
+        ca_file,
+    })
+}
+
+/// A client ID or audience: text without control characters, bounded.
+fn oauth_param(o: &Obj, key: &str, v: &str) -> Result<(), KeyError> {
+    if v.len() > MAX_OAUTH_PARAM_BYTES || v.chars().any(char::is_control) {
+        return Err(o.err(
+            key,
+            format!("use at most {MAX_OAUTH_PARAM_BYTES} bytes without control characters"),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_podman(mut o: Obj) -> Result<PodmanMode, KeyError> {
@@ -909,6 +1016,138 @@ mod tests {
         std::fs::write(&tok, "tok123\n").expect("write");
         let c = parse(&json).expect("valid");
         assert_eq!(c.nats.auth, NatsAuth::Token(Secret("tok123".into())));
+    }
+
+    /// An `oauth2-client-credentials` auth object with a secret file in `dir`
+    /// and `extra` keys.
+    fn oauth_json(dir: &Path, extra: &str) -> String {
+        let secret = dir.join("client-secret");
+        std::fs::write(&secret, "s3cr3t-value\n").expect("write");
+        MINIMAL.replace(
+            r#""method":"none""#,
+            &format!(
+                r#""method":"oauth2-client-credentials","token-url":"https://idp.example.com:8443/oauth/v2/token","client-id":"dev1-client","client-secret-file":"{}"{extra}"#,
+                secret.display()
+            ),
+        )
+    }
+
+    #[test]
+    fn oauth2_client_credentials_with_every_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = dir.path().join("idp-ca.pem");
+        std::fs::write(&ca, "pem").expect("write");
+        let c = parse(&oauth_json(
+            dir.path(),
+            &format!(
+                r#","scope":"openid urn:zitadel:iam:org:project:id:42:aud","audience":"fleet","ca-file":"{}""#,
+                ca.display()
+            ),
+        ))
+        .expect("valid");
+        let NatsAuth::OAuth2(cc) = &c.nats.auth else {
+            panic!("wrong auth {:?}", c.nats.auth);
+        };
+        assert_eq!(
+            cc.token_url.to_string(),
+            "https://idp.example.com:8443/oauth/v2/token"
+        );
+        assert_eq!(cc.client_id, "dev1-client");
+        assert_eq!(cc.client_secret.expose(), "s3cr3t-value");
+        assert_eq!(
+            cc.scope.as_deref(),
+            Some("openid urn:zitadel:iam:org:project:id:42:aud")
+        );
+        assert_eq!(cc.audience.as_deref(), Some("fleet"));
+        assert_eq!(cc.ca_file.as_deref(), Some(ca.as_path()));
+        assert_eq!(c.nats.auth.method(), "oauth2-client-credentials");
+        assert!(
+            !format!("{c:?}").contains("s3cr3t"),
+            "Debug leaks the secret"
+        );
+        // The optional keys may be left out.
+        let c = parse(&oauth_json(dir.path(), "")).expect("valid");
+        let NatsAuth::OAuth2(cc) = &c.nats.auth else {
+            panic!("wrong auth");
+        };
+        assert_eq!(
+            (&cc.scope, &cc.audience, &cc.ca_file),
+            (&None, &None, &None)
+        );
+    }
+
+    #[test]
+    fn oauth2_errors_name_their_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = oauth_json(dir.path(), "");
+        let cases: Vec<(String, &str, &str)> = vec![
+            (
+                base.replace(r#""method""#, r#""colour":1,"method""#),
+                "nats.auth.colour",
+                "unknown key: the keys allowed here are method, token-url, client-id, client-secret-file, scope, audience, ca-file",
+            ),
+            (
+                base.replace("https://idp.example.com:8443", "http://idp.example.com"),
+                "nats.auth.token-url",
+                "\"http://idp.example.com/oauth/v2/token\" is not a usable token endpoint: the token is only ever sent over https://; use https://host[:port]/path",
+            ),
+            (
+                base.replace("https://idp.example.com:8443", "https://u:p@idp.example.com"),
+                "nats.auth.token-url",
+                "credentials in the URL are not allowed",
+            ),
+            (
+                base.replace("/oauth/v2/token", "/t#frag"),
+                "nats.auth.token-url",
+                "the URL has a fragment",
+            ),
+            (
+                base.replace(r#""client-id":"dev1-client","#, ""),
+                "nats.auth.client-id",
+                "missing: this key is required",
+            ),
+            (
+                base.replace("dev1-client", "dev1\\u0007"),
+                "nats.auth.client-id",
+                "without control characters",
+            ),
+            (
+                base.replace(r#""client-secret-file":"#, r#""client-secret-file":"/nonexistent/s","x":"#),
+                "nats.auth.client-secret-file",
+                "opening /nonexistent/s",
+            ),
+            (
+                oauth_json(dir.path(), r#","scope":"openid  two""#),
+                "nats.auth.scope",
+                "separated by single spaces",
+            ),
+            (
+                oauth_json(dir.path(), r#","scope":"a\"b""#),
+                "nats.auth.scope",
+                "printable ASCII",
+            ),
+            (
+                oauth_json(dir.path(), r#","audience":"""#),
+                "nats.auth.audience",
+                "must not be empty",
+            ),
+            (
+                oauth_json(dir.path(), r#","ca-file":"/nonexistent/ca.pem""#),
+                "nats.auth.ca-file",
+                "cannot read /nonexistent/ca.pem",
+            ),
+            (
+                oauth_json(dir.path(), r#","ca-file":"ca.pem""#),
+                "nats.auth.ca-file",
+                "\"ca.pem\" is not an absolute path",
+            ),
+        ];
+        for (json, key, problem) in &cases {
+            let (k, m) = key_err(json);
+            assert_eq!(&k, key, "for {json}: {m}");
+            assert!(m.contains(problem), "for {json}: {m:?} lacks {problem:?}");
+            assert!(!m.contains("s3cr3t"), "{m}");
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod lock;
 mod nats;
 mod node;
 mod notify;
+mod oauth;
 mod podman;
 mod probe;
 mod reconciler;
@@ -64,7 +65,8 @@ members of group fleet-control and the agent's own user may.
 
 Config keys (JSON, unknown keys refused): device-id, nats.servers,
 nats.auth.method (none | user-password: user, password-file | token:
-token-file | creds: creds-file | tls-certificate), nats.tls (ca-file,
+token-file | creds: creds-file | tls-certificate | oauth2-client-credentials:
+token-url, client-id, client-secret-file), nats.tls (ca-file,
 client-cert-file, client-key-file), and optionally:
 {defaults}
 

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `config` | the real configuration parses | 10 |
 //! | `podman` | Podman answers (when enabled) | 11 |
-//! | `nats-auth` | NATS accepts the device's credentials | 12 |
+//! | `nats-auth` | NATS accepts the device's credentials (with `oauth2-client-credentials`: a token of its own, fresh from the identity provider) | 12 |
 //! | `buckets` | a device-scoped consumer opens on `fleet-control` | 13 |
 //! | `device-keys` | the device's `fleet-control` keys read completely | 14 |
 //! | `desired-consumer` | the filtered `fleet-desired` consumer is created | 15 |

@@ -209,10 +209,10 @@ impl Callout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::b64::decode_url;
     use crate::jwks::KeySet;
     use crate::jwt::tests::{claims, keys, policy, sign_rs256, NOW};
     use crate::natsjwt::tests::{request_claims, signed_request};
+    use fleet_common::b64::decode_url;
     use fleet_common::subjects::device_permissions;
     use serde_json::{json, Value};
     use std::time::Duration;

@@ -1,28 +1,19 @@
-//! HTTPS towards the identity provider (JWKS, token endpoint): a ureq agent
-//! that speaks HTTPS only, follows no redirect, bounds the connect and the
-//! whole request, and trusts either the built-in web PKI roots or exactly
-//! the CAs of one PEM file; bodies are read up to a limit.
+//! HTTPS towards the identity provider (its JWKS), on the shared client of
+//! `fleet_common::https`: HTTPS only, no redirect, the connect and the whole
+//! request bounded, trusting either the system bundle or exactly the CAs of
+//! one PEM file; bodies are read up to a limit.
 
 use std::fmt;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
+use fleet_common::https::{self, BodyError, ClientSettings, Trust};
 use fleet_common::limits::{IDP_CONNECT_TIMEOUT, IDP_REQUEST_TIMEOUT};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 
 /// Why an HTTPS exchange with the identity provider failed.
 #[derive(Debug)]
 pub enum HttpsError {
-    CaFile {
-        path: PathBuf,
-        detail: String,
-    },
-    NoCertificates {
-        path: PathBuf,
-    },
-    Tls(String),
+    /// The trust store (the CA file, or the system bundle) could not be built.
+    Setup(https::TlsSetupError),
     /// Connect, TLS handshake, timeout or protocol failure.
     Request {
         url: String,
@@ -46,17 +37,7 @@ pub enum HttpsError {
 impl fmt::Display for HttpsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::CaFile { path, detail } => write!(
-                f,
-                "cannot read the CA file {}: {detail}; point the config at a PEM file of CA certificates",
-                path.display()
-            ),
-            Self::NoCertificates { path } => write!(
-                f,
-                "the CA file {} holds no PEM certificate",
-                path.display()
-            ),
-            Self::Tls(e) => write!(f, "cannot set up TLS: {e}"),
+            Self::Setup(e) => write!(f, "{e} (https_ca_file)"),
             Self::Request { url, detail } => write!(
                 f,
                 "request to {url} failed: {detail}; check the URL, the network and the CA"
@@ -75,41 +56,18 @@ impl fmt::Display for HttpsError {
 
 impl std::error::Error for HttpsError {}
 
-/// An agent trusting `ca_file`'s certificates only, or the built-in web PKI
-/// roots when `None`.
+/// An agent trusting `ca_file`'s certificates only, or the system bundle
+/// when `None`.
 pub fn agent(ca_file: Option<&Path>) -> Result<ureq::Agent, HttpsError> {
-    let mut builder = ureq::AgentBuilder::new()
-        .https_only(true)
-        .redirects(0)
-        .timeout_connect(IDP_CONNECT_TIMEOUT)
-        .timeout(IDP_REQUEST_TIMEOUT)
-        .user_agent(concat!("fleet-auth-callout/", env!("CARGO_PKG_VERSION")));
-    if let Some(path) = ca_file {
-        let ca_err = |detail: String| HttpsError::CaFile {
-            path: path.to_owned(),
-            detail,
-        };
-        let mut roots = rustls::RootCertStore::empty();
-        let certs = CertificateDer::pem_file_iter(path).map_err(|e| ca_err(e.to_string()))?;
-        for cert in certs {
-            let cert = cert.map_err(|e| ca_err(e.to_string()))?;
-            roots.add(cert).map_err(|e| ca_err(e.to_string()))?;
-        }
-        if roots.is_empty() {
-            return Err(HttpsError::NoCertificates {
-                path: path.to_owned(),
-            });
-        }
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| HttpsError::Tls(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        builder = builder.tls_config(Arc::new(config));
-    }
-    Ok(builder.build())
+    https::agent(
+        Trust::file_or_system(ca_file),
+        ClientSettings {
+            connect: IDP_CONNECT_TIMEOUT,
+            request: IDP_REQUEST_TIMEOUT,
+            user_agent: concat!("fleet-auth-callout/", env!("CARGO_PKG_VERSION")),
+        },
+    )
+    .map_err(HttpsError::Setup)
 }
 
 /// `GET url`, 200 required, body up to `limit` bytes.
@@ -128,29 +86,6 @@ pub fn get(agent: &ureq::Agent, url: &str, limit: u64) -> Result<Vec<u8>, HttpsE
     }
 }
 
-/// `POST url` with a form body and extra headers; returns the status and a
-/// body of up to `limit` bytes whatever the status (an OAuth2 error body
-/// says why).
-pub fn post_form(
-    agent: &ureq::Agent,
-    url: &str,
-    headers: &[(&str, &str)],
-    form: &[(&str, &str)],
-    limit: u64,
-) -> Result<(u16, Vec<u8>), HttpsError> {
-    let mut request = agent.post(url).set("Accept", "application/json");
-    for (name, value) in headers {
-        request = request.set(name, value);
-    }
-    let response = match request.send_form(form) {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => return Err(request_error(url, e)),
-    };
-    let status = response.status();
-    Ok((status, read_body(url, response, limit)?))
-}
-
 fn request_error(url: &str, e: ureq::Error) -> HttpsError {
     HttpsError::Request {
         url: url.to_owned(),
@@ -159,20 +94,14 @@ fn request_error(url: &str, e: ureq::Error) -> HttpsError {
 }
 
 fn read_body(url: &str, response: ureq::Response, limit: u64) -> Result<Vec<u8>, HttpsError> {
-    let mut body = Vec::new();
-    response
-        .into_reader()
-        .take(limit + 1)
-        .read_to_end(&mut body)
-        .map_err(|source| HttpsError::Read {
-            url: url.to_owned(),
-            source,
-        })?;
-    if body.len() as u64 > limit {
-        return Err(HttpsError::TooLarge {
+    https::read_body(response, limit).map_err(|e| match e {
+        BodyError::TooLarge { limit } => HttpsError::TooLarge {
             url: url.to_owned(),
             limit,
-        });
-    }
-    Ok(body)
+        },
+        BodyError::Read(source) => HttpsError::Read {
+            url: url.to_owned(),
+            source,
+        },
+    })
 }

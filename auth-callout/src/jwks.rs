@@ -14,10 +14,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use fleet_common::b64::decode_url;
 use fleet_common::limits::{MAX_JWKS_BYTES, MAX_JWKS_KEYS};
 use serde_json::Value;
 
-use crate::b64::decode_url;
 use crate::https::{self, HttpsError};
 use crate::jwt::Algorithm;
 
@@ -382,7 +382,7 @@ impl JwksCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::b64::encode_url;
+    use fleet_common::b64::encode_url;
     use serde_json::json;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -14,6 +14,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use fleet_common::b64::decode_url;
 use fleet_common::limits::MAX_BEARER_JWT_BYTES;
 use fleet_common::validate::{DeviceId, ValidationError};
 use fleet_common::Timestamp;
@@ -22,7 +23,6 @@ use ring::signature::{
 };
 use serde_json::{Map, Value};
 
-use crate::b64::decode_url;
 use crate::jwks::{Jwk, KeyError, PublicKey};
 
 /// The signature algorithms accepted.
@@ -385,7 +385,7 @@ fn check_claims(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::b64::encode_url;
+    use fleet_common::b64::encode_url;
     use ring::rand::SystemRandom;
     use ring::signature::{EcdsaKeyPair, KeyPair, RsaKeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
     use rustls_pki_types::pem::PemObject;
@@ -393,8 +393,8 @@ pub(crate) mod tests {
     use serde_json::json;
 
     pub(crate) const NOW: i64 = 1_800_000_000;
-    const RSA_PEM: &[u8] = include_bytes!("../tests/fixtures/rsa-test-key.pem");
-    const RSA_JWK: &str = include_str!("../tests/fixtures/rsa-test-key.jwk.json");
+    const RSA_PEM: &[u8] = fleet_harness::RSA_TEST_KEY_PEM;
+    const RSA_JWK: &str = fleet_harness::RSA_TEST_KEY_JWK;
 
     pub(crate) fn policy() -> BearerPolicy {
         BearerPolicy {

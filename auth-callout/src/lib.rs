@@ -8,10 +8,9 @@
 //! transport), `jwks` (its keys, cached), `jwt` (bearer verification),
 //! `nkeys` (the issuer key, Ed25519 with ring), `natsjwt` (NATS JWT encoding
 //! and request verification), `callout` (request → decision → response),
-//! `service` (NATS, threads, logging), `oauth_client` (the device side's
-//! client-credentials token client, parked here for the agent).
+//! `service` (NATS, threads, logging). The device side (the agent's
+//! client-credentials token client) lives in `fleet-agent`'s `oauth`.
 
-mod b64;
 mod callout;
 mod config;
 mod https;
@@ -19,7 +18,6 @@ mod jwks;
 mod jwt;
 mod natsjwt;
 mod nkeys;
-pub mod oauth_client;
 mod service;
 
 pub use callout::{Callout, Decision, Outcome, Refusal};

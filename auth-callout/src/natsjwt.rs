@@ -12,6 +12,7 @@
 
 use std::fmt;
 
+use fleet_common::b64::{decode_url, encode_url};
 use fleet_common::callout::{
     AuthRequestClaims, AuthResponseClaims, NatsJwtHeader, UserClaims, AUTH_REQUEST_AUDIENCE,
     CLAIM_TYPE_AUTH_REQUEST, NATS_JWT_ALGORITHM, NATS_JWT_TYPE, NATS_JWT_VERSION,
@@ -21,7 +22,6 @@ use fleet_common::nkey::{base32_encode, NkeyError, NkeyKind, PublicNkey};
 use ring::digest::{digest, SHA512_256};
 use serde::Serialize;
 
-use crate::b64::{decode_url, encode_url};
 use crate::nkeys::{verify, AccountSigner};
 
 /// Claims the callout signs; the encoder fills in `jti`.

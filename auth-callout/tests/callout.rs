@@ -1,279 +1,97 @@
-//! `fleet-auth-callout` against nats-server 2.14 (auth callout), a local
-//! HTTPS identity provider (JWKS and token endpoint, test CA) and test keys:
-//! RS256 with the committed RSA fixture, ES256 with keys made here.
+//! `fleet-auth-callout` against nats-server 2.14 (auth callout) and the
+//! harness's identity provider (JWKS and token endpoint over HTTPS with a
+//! test CA; RS256 with the committed RSA fixture, ES256 with a key made at
+//! start).
 //!
-//! Every test starts its own server (the callout layout from
+//! Every test starts its own provider, server (the callout layout from
 //! `fleet_common::nats_config::callout_server_config`, issuer key made by
-//! `fleet-auth-callout keygen`), provider and callout process, and connects
-//! devices with bearer tokens as the agent will.
+//! `fleet-auth-callout keygen`) and callout process
+//! ([`fleet_harness::CalloutNats`]), and connects devices with bearer
+//! tokens as the NATS token. The agent's own side (token client, renewal)
+//! is tested in `agent/tests/oauth.rs`.
 
-use std::path::Path;
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use fleet_auth_callout::oauth_client::{ClientCredentials, Secret, TokenClient, TokenSource};
+use fleet_common::b64::encode_url as b64url;
 use fleet_common::limits::MAX_BEARER_JWT_BYTES;
-use fleet_common::nats_config::{callout_server_config, CalloutServerConfig};
-use fleet_common::nkey::{NkeyKind, PublicNkey};
 use fleet_harness::{
-    assert_device_isolation, bin_path, poll_until, Behavior, ChildGuard, DeviceClient, HttpsServer,
-    NatsServer, NatsVersion, ResponseSpec, TestCa, NATS_ADMIN_PASSWORD,
+    assert_device_isolation, claims, ec_jwk, ec_key, es256, now_secs as now, poll_until, rs256,
+    signing_input, Behavior, CalloutNats, DeviceClient, Idp, IdpKeys, EC_KID, JWKS_PATH, RSA_KID,
 };
-use ring::rand::SystemRandom;
-use ring::signature::{
-    EcdsaKeyPair, KeyPair, RsaKeyPair, ECDSA_P256_SHA256_FIXED_SIGNING, RSA_PKCS1_SHA256,
-};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::PrivatePkcs8KeyDer;
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
-const ISSUER: &str = "https://idp.test.invalid";
-const AUDIENCE: &str = "fleet-project";
-const CALLOUT_PASSWORD: &str = "callout-pw";
-const RSA_PEM: &[u8] = include_bytes!("fixtures/rsa-test-key.pem");
-const RSA_JWK: &str = include_str!("fixtures/rsa-test-key.jwk.json");
-const RSA_KID: &str = "rsa-test-1";
-const EC_KID: &str = "ec-test-1";
 /// The callout answers and logs within this.
 const WAIT: Duration = Duration::from_secs(10);
 
-fn b64url(data: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..=chunk.len() {
-            out.push(char::from(A[((n >> (18 - 6 * i)) & 0x3f) as usize]));
-        }
-    }
-    out
-}
-
-fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs() as i64
-}
-
-/// The provider's signing keys.
-struct Keys {
-    rsa: RsaKeyPair,
-    ec: Arc<EcdsaKeyPair>,
-}
-
-fn ec_key() -> EcdsaKeyPair {
-    let rng = SystemRandom::new();
-    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("gen");
-    EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).expect("ec")
-}
-
-fn ec_jwk(key: &EcdsaKeyPair, kid: &str) -> Value {
-    let p = key.public_key().as_ref();
-    json!({"kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256", "kid": kid,
-           "x": b64url(&p[1..33]), "y": b64url(&p[33..65])})
-}
-
-impl Keys {
-    fn new() -> Keys {
-        let der = PrivatePkcs8KeyDer::from_pem_slice(RSA_PEM).expect("pem");
-        Keys {
-            rsa: RsaKeyPair::from_pkcs8(der.secret_pkcs8_der()).expect("rsa"),
-            ec: Arc::new(ec_key()),
-        }
-    }
-
-    fn jwks(&self) -> Value {
-        json!({"keys": [serde_json::from_str::<Value>(RSA_JWK).expect("jwk"), ec_jwk(&self.ec, EC_KID)]})
-    }
-}
-
-fn signing_input(header: &Value, claims: &Value) -> String {
-    format!(
-        "{}.{}",
-        b64url(header.to_string().as_bytes()),
-        b64url(claims.to_string().as_bytes())
-    )
-}
-
-fn rs256(key: &RsaKeyPair, kid: &str, claims: &Value) -> String {
-    let input = signing_input(&json!({"alg": "RS256", "typ": "JWT", "kid": kid}), claims);
-    let mut sig = vec![0u8; key.public().modulus_len()];
-    key.sign(
-        &RSA_PKCS1_SHA256,
-        &SystemRandom::new(),
-        input.as_bytes(),
-        &mut sig,
-    )
-    .expect("sign");
-    format!("{input}.{}", b64url(&sig))
-}
-
-fn es256(key: &EcdsaKeyPair, kid: &str, claims: &Value) -> String {
-    let input = signing_input(&json!({"alg": "ES256", "typ": "JWT", "kid": kid}), claims);
-    let sig = key
-        .sign(&SystemRandom::new(), input.as_bytes())
-        .expect("sign");
-    format!("{input}.{}", b64url(sig.as_ref()))
-}
-
-/// Valid claims for `device`, expiring in `ttl` seconds.
-fn claims(device: &str, ttl: i64) -> Value {
-    let t = now();
-    json!({"iss": ISSUER, "aud": [AUDIENCE, "other"], "sub": format!("user-{device}"),
-           "exp": t + ttl, "iat": t - 5, "nbf": t - 5, "device_id": device})
-}
-
-/// Server, provider and callout of one test.
+/// Provider, server and callout of one test.
 struct Env {
-    _ca: TestCa,
-    idp: HttpsServer,
-    server: NatsServer,
-    callout: ChildGuard,
-    _dir: TempDir,
-}
-
-fn write_private(path: &Path, text: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, text).expect("write");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    idp: Idp,
+    nats: CalloutNats,
 }
 
 impl Env {
     /// Everything up, the callout answering; `extra` is merged into its config.
-    fn start(keys: &Keys, extra: Value) -> Env {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca = TestCa::new();
-        let idp = HttpsServer::start(&ca);
-        idp.route(
-            "/oauth/v2/keys",
-            Behavior::Bytes(keys.jwks().to_string().into_bytes()),
-        );
+    fn start(extra: Value) -> Env {
+        let idp = Idp::start();
+        let nats = CalloutNats::start(&idp, extra);
+        Env { idp, nats }
+    }
 
-        let seed = dir.path().join("issuer.nk");
-        let out = Command::new(bin_path("fleet-auth-callout"))
-            .arg("keygen")
-            .arg(&seed)
-            .output()
-            .expect("run keygen");
-        assert!(out.status.success(), "keygen: {out:?}");
-        let public = String::from_utf8(out.stdout).expect("utf8");
-        let issuer = PublicNkey::parse_kind(public.trim(), NkeyKind::Account).expect("account key");
-
-        let server = NatsServer::start_with_config(NatsVersion::V2_14, |port, store| {
-            callout_server_config(&CalloutServerConfig {
-                listen: ([127, 0, 0, 1], port).into(),
-                server_name: None,
-                store_dir: store.to_path_buf(),
-                admin_password: NATS_ADMIN_PASSWORD.to_owned(),
-                callout_password: CALLOUT_PASSWORD.to_owned(),
-                issuer: issuer.clone(),
-                cluster: None,
-            })
-        });
-
-        let password = dir.path().join("nats-password");
-        write_private(&password, &format!("{CALLOUT_PASSWORD}\n"));
-        let mut config = json!({
-            "issuer": ISSUER,
-            "audience": AUDIENCE,
-            "jwks_url": idp.url("/oauth/v2/keys"),
-            "https_ca_file": ca.ca_path(),
-            "nats_url": server.url(),
-            "nats_password_file": password,
-            "issuer_seed_file": seed,
-        });
-        for (k, v) in extra.as_object().expect("object") {
-            config[k] = v.clone();
-        }
-        let config_path = dir.path().join("auth-callout.json");
-        std::fs::write(&config_path, config.to_string()).expect("write config");
-        let mut cmd = Command::new(bin_path("fleet-auth-callout"));
-        cmd.arg("--config")
-            .arg(&config_path)
-            .env("FLEET_LOG", "info");
-        let callout = ChildGuard::spawn(cmd, "fleet-auth-callout");
-        callout.wait_for_line("answering authorization requests", WAIT);
-        Env {
-            _ca: ca,
-            idp,
-            server,
-            callout,
-            _dir: dir,
-        }
+    fn keys(&self) -> &IdpKeys {
+        &self.idp.keys
     }
 
     fn connect_token(&self, id: &str, token: &str) -> std::io::Result<DeviceClient> {
-        let options = self
-            .server
-            .client_options(nats::Options::with_token(token))
-            .max_reconnects(1);
-        DeviceClient::connect(options, &self.server.url(), id)
+        self.nats.connect_token(id, token)
     }
 
     /// The callout's log line about `needle` (waits for it).
     fn logged(&self, needle: &str) -> String {
-        self.callout.wait_for_line(needle, WAIT)
+        self.nats.logged(needle)
     }
 
     /// Both logs, for a failure message.
     fn logs(&self) -> String {
-        format!(
-            "--- callout log:\n{}\n--- server log:\n{}",
-            self.callout.log(),
-            self.server.log()
-        )
+        self.nats.logs()
     }
 
     /// Connects and expects the device to be authorized.
     fn device(&self, id: &str, token: &str) -> DeviceClient {
-        self.connect_token(id, token)
-            .unwrap_or_else(|e| panic!("{id} not authorized: {e}\n{}", self.logs()))
+        self.nats.device(id, token)
     }
 
     fn jwks_fetches(&self) -> usize {
-        self.idp
-            .requests()
-            .iter()
-            .filter(|r| r.path == "/oauth/v2/keys")
-            .count()
+        self.idp.jwks_fetches()
     }
 }
 
 #[test]
 fn devices_get_exactly_their_permissions_through_the_callout() {
-    let keys = Keys::new();
-    let env = Env::start(&keys, json!({}));
+    let env = Env::start(json!({}));
+    let keys = env.keys();
     // A with an RS256 token as the NATS token, B with an ES256 token.
     let a = env.device("dev-a", &rs256(&keys.rsa, RSA_KID, &claims("dev-a", 600)));
     let b = env.device("dev-b", &es256(&keys.ec, EC_KID, &claims("dev-b", 600)));
     let line = env.logged("authorized device dev-a");
     assert!(line.contains("subject=user-dev-a"), "{line}");
     env.logged("authorized device dev-b");
-    let admin = env.server.admin();
+    let admin = env.nats.server.admin();
     assert_device_isolation(&admin, &a, &b);
     assert_device_isolation(&admin, &b, &a);
 }
 
 #[test]
 fn a_client_naming_another_device_gets_the_token_device() {
-    let keys = Keys::new();
-    let env = Env::start(&keys, json!({}));
+    let env = Env::start(json!({}));
+    let keys = env.keys();
     // The token proves dev-a; the client calls itself dev-b: it is dev-a.
     let token = rs256(&keys.rsa, RSA_KID, &claims("dev-a", 600));
     let options = env
+        .nats
         .server
         .client_options(nats::Options::with_token(&token).with_name("dev-b"))
         .max_reconnects(1);
-    let a = DeviceClient::connect(options, &env.server.url(), "dev-a").expect("authorized");
+    let a = DeviceClient::connect(options, &env.nats.server.url(), "dev-a").expect("authorized");
     let ack = a.put_status("info", b"a").expect("own status");
     assert!(ack.get("error").is_none(), "{ack}");
     a.conn
@@ -290,8 +108,8 @@ fn a_client_naming_another_device_gets_the_token_device() {
 
 #[test]
 fn every_bad_token_is_refused_with_its_reason_logged() {
-    let keys = Keys::new();
-    let env = Env::start(&keys, json!({"clock_skew_secs": 30}));
+    let env = Env::start(json!({"clock_skew_secs": 30}));
+    let keys = env.keys();
     let other_rsa_signed = {
         // A valid RS256 token with its signature replaced by the EC key's
         // kid-confused signature: signed by a key that is not the JWKS one.
@@ -406,13 +224,14 @@ fn every_bad_token_is_refused_with_its_reason_logged() {
     }
     // A client with a password instead of a token.
     let options = env
+        .nats
         .server
         .client_options(nats::Options::with_user_pass("dev-a", "dev-a-pw"))
         .max_reconnects(1);
-    assert!(DeviceClient::connect(options, &env.server.url(), "dev-a").is_err());
+    assert!(DeviceClient::connect(options, &env.nats.server.url(), "dev-a").is_err());
     env.logged("refused: no bearer token");
     // No token, nor a part of one, ever reaches the log.
-    let log = env.callout.log();
+    let log = env.nats.callout.log();
     for (what, token, _) in &cases {
         let signature = token.rsplit('.').next().unwrap_or_default();
         assert!(
@@ -424,16 +243,15 @@ fn every_bad_token_is_refused_with_its_reason_logged() {
     }
     // The server logged each refusal with the callout's reason too.
     assert!(
-        env.server.log().contains("bearer token expired at"),
+        env.nats.server.log().contains("bearer token expired at"),
         "server log"
     );
 }
 
 #[test]
 fn an_unknown_kid_refetches_the_jwks_at_most_once_per_interval() {
-    let keys = Keys::new();
     // Default interval (30 s): the fetch at start counts.
-    let env = Env::start(&keys, json!({}));
+    let env = Env::start(json!({}));
     assert_eq!(env.jwks_fetches(), 1, "fetched once at start");
     let rotated = ec_key();
     let token = es256(&rotated, "ec-rotated", &claims("dev-a", 600));
@@ -444,17 +262,17 @@ fn an_unknown_kid_refetches_the_jwks_at_most_once_per_interval() {
     assert_eq!(env.jwks_fetches(), 1, "no refetch within the interval");
 
     // With a 1 s interval, a key the provider adds is found by a refetch.
-    let env = Env::start(&keys, json!({"jwks_min_refetch_secs": 1}));
+    let env = Env::start(json!({"jwks_min_refetch_secs": 1}));
+    let keys = env.keys();
     assert!(env.connect_token("dev-a", &token).is_err());
     let mut jwks = keys.jwks();
     jwks["keys"]
         .as_array_mut()
         .expect("keys")
         .push(ec_jwk(&rotated, "ec-rotated"));
-    env.idp.route(
-        "/oauth/v2/keys",
-        Behavior::Bytes(jwks.to_string().into_bytes()),
-    );
+    env.idp
+        .server
+        .route(JWKS_PATH, Behavior::Bytes(jwks.to_string().into_bytes()));
     let started = Instant::now();
     let device = poll_until("the rotated key to be accepted", WAIT, || {
         env.connect_token("dev-a", &token).ok()
@@ -468,81 +286,32 @@ fn an_unknown_kid_refetches_the_jwks_at_most_once_per_interval() {
     );
 }
 
-/// The token endpoint of the test provider: client credentials with Basic
-/// auth, answering ES256 tokens for the device that asked, living `ttl` s.
-fn token_endpoint(idp: &HttpsServer, key: Arc<EcdsaKeyPair>, ttl: i64, issued: Arc<AtomicUsize>) {
-    idp.route(
-        "/oauth/v2/token",
-        Behavior::Handler(Box::new(move |req| {
-            let form = String::from_utf8_lossy(&req.body).into_owned();
-            // "dev-c:s3cr3t" in Basic.
-            let authorized = req.header("authorization") == Some("Basic ZGV2LWM6czNjcjN0");
-            if req.method != "POST"
-                || !authorized
-                || !form.contains("grant_type=client_credentials")
-            {
-                return ResponseSpec {
-                    status: 401,
-                    headers: vec![("Content-Type".into(), "application/json".into())],
-                    body: br#"{"error":"invalid_client","error_description":"bad secret"}"#
-                        .to_vec(),
-                };
-            }
-            issued.fetch_add(1, Ordering::SeqCst);
-            let token = es256(&key, EC_KID, &claims("dev-c", ttl));
-            ResponseSpec {
-                status: 200,
-                headers: vec![("Content-Type".into(), "application/json".into())],
-                body: json!({"access_token": token, "token_type": "Bearer", "expires_in": ttl})
-                    .to_string()
-                    .into_bytes(),
-            }
-        })),
-    );
-}
-
-fn credentials(env: &Env, secret: &str) -> ClientCredentials {
-    ClientCredentials {
-        token_url: env.idp.url("/oauth/v2/token"),
-        client_id: "dev-c".into(),
-        client_secret: Secret::new(secret.into()),
-        scope: Some("openid urn:zitadel:iam:org:project:id:fleet-project:aud".into()),
-    }
-}
-
 #[test]
-fn a_device_with_client_credentials_is_cut_off_at_token_expiry_and_reconnects_with_a_fresh_token() {
-    let keys = Keys::new();
-    let env = Env::start(&keys, json!({"clock_skew_secs": 0}));
-    let ec = Arc::clone(&keys.ec);
-    let issued = Arc::new(AtomicUsize::new(0));
-    token_endpoint(&env.idp, Arc::clone(&ec), 3, Arc::clone(&issued));
+fn a_device_is_cut_off_at_token_expiry_and_only_a_fresh_token_lets_it_back() {
+    let env = Env::start(json!({"clock_skew_secs": 0}));
+    env.idp
+        .add_client("dev-c", "s3cr3t", "dev-c", Duration::from_secs(3));
+    // A wrong secret: the provider refuses, nothing is issued.
+    let (status, body) = env.idp.fetch_token("dev-c", "wrong").expect_err("refused");
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("invalid_client"), "{body}");
+    assert_eq!(env.idp.issued("dev-c"), 0);
 
-    // A wrong secret: the endpoint's error comes back, the secret does not.
-    let ca = env._ca.ca_path();
-    let agent = fleet_auth_callout::https_agent(Some(&ca)).expect("agent");
-    let bad = TokenClient::new(agent.clone(), credentials(&env, "wrong"));
-    let err = bad.fetch(Instant::now()).expect_err("refused").to_string();
-    assert!(
-        err.contains("invalid_client") && err.contains("bad secret"),
-        "{err}"
-    );
-    assert!(!err.contains("wrong"), "{err}");
-
-    let source = TokenSource::new(TokenClient::new(agent, credentials(&env, "s3cr3t")));
     let (lost_tx, lost) = std::sync::mpsc::channel();
     let connect = |lost_tx: std::sync::mpsc::Sender<()>| {
-        let token = source
-            .token(Instant::now())
+        let token = env
+            .idp
+            .fetch_token("dev-c", "s3cr3t")
             .expect("token from the endpoint");
         let options = env
+            .nats
             .server
-            .client_options(nats::Options::with_token(token.expose()))
+            .client_options(nats::Options::with_token(&token))
             .max_reconnects(3)
             .disconnect_callback(move || {
                 let _ = lost_tx.send(());
             });
-        DeviceClient::connect(options, &env.server.url(), "dev-c")
+        DeviceClient::connect(options, &env.nats.server.url(), "dev-c")
             .unwrap_or_else(|e| panic!("dev-c not authorized: {e}\n{}", env.logs()))
     };
     let first = connect(lost_tx.clone());
@@ -559,23 +328,20 @@ fn a_device_with_client_credentials_is_cut_off_at_token_expiry_and_reconnects_wi
         .put_status("info", b"second")
         .expect("status after reconnect");
     assert!(ack.get("error").is_none(), "{ack}");
-    assert!(
-        issued.load(Ordering::SeqCst) >= 2,
-        "a second token was fetched"
-    );
-    let log = env.callout.log();
+    assert_eq!(env.idp.issued("dev-c"), 2, "a second token was fetched");
+    let log = env.nats.callout.log();
     assert_eq!(log.matches("authorized device dev-c").count(), 2, "{log}");
     assert!(
-        env.server.log().to_lowercase().contains("expired"),
+        env.nats.server.log().to_lowercase().contains("expired"),
         "server log:\n{}",
-        env.server.log()
+        env.nats.server.log()
     );
 }
 
 #[test]
 fn a_token_up_to_the_limit_fits_the_connect_line_and_a_larger_one_is_refused() {
-    let keys = Keys::new();
-    let env = Env::start(&keys, json!({}));
+    let env = Env::start(json!({}));
+    let keys = env.keys();
     let token_of = |len: usize| {
         // Pad a claim until the token is `len` bytes (base64 grows 4/3).
         let mut c = claims("dev-a", 600);

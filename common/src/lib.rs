@@ -3,9 +3,13 @@
 //! protocol, NATS names and the device path layout. The daemons depend on
 //! this crate and never on each other.
 
+pub mod b64;
 pub mod callout;
 pub mod contracts;
 pub mod durable;
+#[cfg(feature = "https")]
+pub mod https;
+pub mod jetstream;
 pub mod layout;
 pub mod limits;
 pub mod logging;

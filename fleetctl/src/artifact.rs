@@ -20,21 +20,19 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use fleet_common::contracts::{OciManifest, OCI_EMPTY_BLOB, OCI_MANIFEST_MEDIA_TYPE};
+use fleet_common::contracts::{
+    registry_error_summary, OciManifest, MAX_REGISTRY_ERROR_BYTES, OCI_EMPTY_BLOB,
+    OCI_MANIFEST_MEDIA_TYPE,
+};
+use fleet_common::https::{self, ClientSettings, Trust};
 use fleet_common::limits::{HTTPS_CONNECT_TIMEOUT, HTTPS_REQUEST_TIMEOUT, MAX_ARTIFACT_BYTES};
 use fleet_common::validate::{OciReference, OciTarget, Sha256Hex};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 use sha2::Digest;
 
 /// The Debian/Ubuntu system trust store.
-const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Read size while hashing the binary.
 const HASH_CHUNK_BYTES: usize = 128 * 1024;
-/// Of an error answer, only this much is read (the registry's error JSON).
-const MAX_ERROR_BODY_BYTES: u64 = 16 * 1024;
 
 pub const HELP: &str = "fleetctl artifact: publish agent releases
 
@@ -191,11 +189,8 @@ pub enum ArtifactError {
         path: PathBuf,
         size: u64,
     },
-    CaFile {
-        path: PathBuf,
-        message: String,
-    },
-    Tls(String),
+    /// The trust store (system bundle plus `--ca-file`) could not be built.
+    Tls(https::TlsSetupError),
     Request {
         what: &'static str,
         url: String,
@@ -226,12 +221,7 @@ impl fmt::Display for ArtifactError {
                 "the binary {} is {size} bytes, more than the {MAX_ARTIFACT_BYTES}-byte (100 MiB) ceiling every updater refuses above",
                 path.display()
             ),
-            Self::CaFile { path, message } => write!(
-                f,
-                "--ca-file {}: {message}: give a PEM file of CA certificates",
-                path.display()
-            ),
-            Self::Tls(m) => write!(f, "setting up TLS: {m}"),
+            Self::Tls(e) => write!(f, "--ca-file: {e}"),
             Self::Request { what, url, message } => {
                 write!(f, "{what} ({url}): {message}")?;
                 if message.contains("certificate") {
@@ -364,53 +354,18 @@ fn hash_binary(path: &Path) -> Result<(Sha256Hex, u64), ArtifactError> {
     Ok((Sha256Hex::from_digest(&hasher.finalize().into()), size))
 }
 
-/// The HTTPS client: the system store (when present) plus `ca_file`,
-/// ring, redirects off, the connect and request bounds.
+/// The HTTPS client: the system store plus `ca_file`, ring, redirects off,
+/// the connect and request bounds.
 fn client(ca_file: Option<&Path>) -> Result<ureq::Agent, ArtifactError> {
-    let mut roots = rustls::RootCertStore::empty();
-    if let Ok(pem) = std::fs::read(SYSTEM_CA_BUNDLE) {
-        for cert in CertificateDer::pem_slice_iter(&pem).flatten() {
-            // A bundle may hold a certificate rustls cannot use; skip it.
-            let _ = roots.add(cert);
-        }
-    }
-    if let Some(path) = ca_file {
-        let bad = |message: String| ArtifactError::CaFile {
-            path: path.to_owned(),
-            message,
-        };
-        let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-        let mut added = 0;
-        for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| bad(format!("not valid PEM: {e}")))?;
-            roots
-                .add(cert)
-                .map_err(|e| bad(format!("unusable certificate: {e}")))?;
-            added += 1;
-        }
-        if added == 0 {
-            return Err(bad("no CERTIFICATE block".to_owned()));
-        }
-    }
-    if roots.is_empty() {
-        return Err(ArtifactError::Tls(format!(
-            "no trust anchors: {SYSTEM_CA_BUNDLE} is missing and no --ca-file was given"
-        )));
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ArtifactError::Tls(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(ureq::AgentBuilder::new()
-        .tls_config(Arc::new(tls))
-        .https_only(true)
-        .redirects(0)
-        .timeout_connect(HTTPS_CONNECT_TIMEOUT)
-        .timeout(HTTPS_REQUEST_TIMEOUT)
-        .user_agent(concat!("fleetctl/", env!("CARGO_PKG_VERSION")))
-        .build())
+    https::agent(
+        Trust::System { extra: ca_file },
+        ClientSettings {
+            connect: HTTPS_CONNECT_TIMEOUT,
+            request: HTTPS_REQUEST_TIMEOUT,
+            user_agent: concat!("fleetctl/", env!("CARGO_PKG_VERSION")),
+        },
+    )
+    .map_err(ArtifactError::Tls)
 }
 
 /// One repository of one registry.
@@ -523,30 +478,8 @@ fn status(what: &'static str, url: &str, response: ureq::Response) -> ArtifactEr
 
 /// The first error of a registry's error JSON, `CODE: message`.
 fn registry_error(response: ureq::Response) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Errors {
-        errors: Vec<Entry>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Entry {
-        code: Option<String>,
-        message: Option<String>,
-    }
-    let mut body = Vec::new();
-    response
-        .into_reader()
-        .take(MAX_ERROR_BODY_BYTES)
-        .read_to_end(&mut body)
-        .ok()?;
-    let first = serde_json::from_slice::<Errors>(&body)
-        .ok()?
-        .errors
-        .into_iter()
-        .next()?;
-    match (first.code, first.message) {
-        (Some(c), Some(m)) => Some(format!("{c}: {m}")),
-        (c, m) => c.or(m),
-    }
+    let body = https::read_body(response, MAX_REGISTRY_ERROR_BYTES).ok()?;
+    registry_error_summary(&body)
 }
 
 /// ureq's transport error with its causes.

@@ -26,7 +26,8 @@ of two writers racing, one wins and the other is told). rollout does it for
 every device whose agent version differs, skipping frozen devices, devices
 in rollback-failed and attempts of this release under way, one line per
 device. A release whose attempt failed on a device is issued again only
-with --retry.
+with --retry. A device in rollback-failed gets a new attempt only from
+upgrade with --retry, once it has been repaired on the device (REPAIR.md).
 
 RELEASE.json:
   {\"version\": \"1.4.0\", \"artifacts\": {\"x86_64\": {\"artifact-url\": \"https://...\",

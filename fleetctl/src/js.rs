@@ -16,9 +16,12 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use fleet_common::jetstream::{
+    is_kv_delete, nanos, AckInfo, ConsumerCreateResponse, PubAckResponse, ERR_WRONG_LAST_SEQUENCE,
+    HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE, HEADER_KV_OPERATION, HEADER_STATUS,
+};
 use fleet_common::limits::NATS_REQUEST_TIMEOUT;
 use fleet_common::subjects::{kv_subject, stream_name};
-use serde::Deserialize;
 
 use crate::error::CtlError;
 
@@ -32,8 +35,6 @@ const READ_SILENCE: Duration = Duration::from_secs(5);
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bound on collecting the acks of a batch of writes after the last publish.
 const ACK_TIMEOUT: Duration = Duration::from_secs(30);
-/// JetStream's error code for a failed expected-last-sequence check.
-const WRONG_LAST_SEQUENCE: u64 = 10071;
 
 /// The last message of one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,52 +47,16 @@ pub struct KvEntry {
     pub value: Option<Vec<u8>>,
 }
 
-#[derive(Debug, Deserialize)]
-struct ApiError {
-    #[serde(default)]
-    code: u64,
-    #[serde(default)]
-    err_code: u64,
-    #[serde(default)]
-    description: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct CreateResponse {
-    #[serde(default)]
-    error: Option<ApiError>,
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    num_pending: Option<u64>,
-}
-
-/// Stream sequence and pending count of a delivery's `$JS.ACK` subject
-/// (both the short and the domain-qualified forms).
-fn parse_ack(reply: &str) -> Option<(u64, u64)> {
-    let t: Vec<&str> = reply.split('.').collect();
-    if t.len() < 9 || t[0] != "$JS" || t[1] != "ACK" {
-        return None;
-    }
-    let (s, p) = match t.len() {
-        9 => (5, 8),
-        11 | 12 => (7, 10),
-        _ => return None,
-    };
-    Some((t[s].parse().ok()?, t[p].parse().ok()?))
-}
-
 fn status_of(m: &nats::Message) -> Option<&str> {
-    m.headers.as_ref()?.get("Status").map(String::as_str)
+    m.headers.as_ref()?.get(HEADER_STATUS).map(String::as_str)
 }
 
 fn is_delete(m: &nats::Message) -> bool {
-    matches!(
+    is_kv_delete(
         m.headers
             .as_ref()
-            .and_then(|h| h.get("KV-Operation"))
+            .and_then(|h| h.get(HEADER_KV_OPERATION))
             .map(String::as_str),
-        Some("DEL") | Some("PURGE")
     )
 }
 
@@ -125,7 +90,6 @@ impl Consumer {
         let inbox = conn.new_inbox();
         let sub = conn.subscribe(&inbox).map_err(CtlError::nats(what()))?;
         let stream = stream_name(bucket);
-        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let mut config = serde_json::json!({
             "deliver_subject": inbox,
             "ack_policy": "none",
@@ -149,7 +113,7 @@ impl Consumer {
                 what: what(),
                 detail: format!("{e} (does the bucket exist? fleetctl buckets create)"),
             })?;
-        let resp: CreateResponse =
+        let resp: ConsumerCreateResponse =
             serde_json::from_slice(&reply.data).map_err(|e| CtlError::Nats {
                 what: what(),
                 detail: format!("unexpected JetStream answer: {e}"),
@@ -160,7 +124,7 @@ impl Consumer {
                 detail: format!(
                     "{} (code {}); create the buckets with fleetctl buckets create",
                     e.description,
-                    if e.err_code != 0 { e.err_code } else { e.code }
+                    e.best_code()
                 ),
             });
         }
@@ -196,7 +160,12 @@ impl Consumer {
         let Some(key) = m.subject.strip_prefix(&prefix) else {
             return Ok(Delivery::Control);
         };
-        let Some((seq, pending)) = m.reply.as_deref().and_then(parse_ack) else {
+        let Some(AckInfo {
+            stream_seq: seq,
+            pending,
+            ..
+        }) = m.reply.as_deref().and_then(AckInfo::parse)
+        else {
             return Ok(Delivery::Control);
         };
         let value = (!is_delete(&m)).then_some(m.data);
@@ -297,25 +266,15 @@ pub enum CasOutcome {
     Failed(String),
 }
 
-#[derive(Debug, Deserialize)]
-struct PubAck {
-    #[serde(default)]
-    seq: Option<u64>,
-    #[serde(default)]
-    error: Option<ApiError>,
-}
-
 fn outcome_of(data: &[u8]) -> CasOutcome {
-    match serde_json::from_slice::<PubAck>(data) {
-        Ok(PubAck { error: Some(e), .. }) if e.err_code == WRONG_LAST_SEQUENCE => {
+    match serde_json::from_slice::<PubAckResponse>(data) {
+        Ok(PubAckResponse { error: Some(e), .. }) if e.err_code == ERR_WRONG_LAST_SEQUENCE => {
             CasOutcome::Conflict(e.description)
         }
-        Ok(PubAck { error: Some(e), .. }) => CasOutcome::Failed(format!(
-            "{} (code {})",
-            e.description,
-            if e.err_code != 0 { e.err_code } else { e.code }
-        )),
-        Ok(PubAck { seq: Some(seq), .. }) => CasOutcome::Written { seq },
+        Ok(PubAckResponse { error: Some(e), .. }) => {
+            CasOutcome::Failed(format!("{} (code {})", e.description, e.best_code()))
+        }
+        Ok(PubAckResponse { seq: Some(seq), .. }) => CasOutcome::Written { seq },
         _ => CasOutcome::Failed(format!(
             "unexpected JetStream answer: {}",
             String::from_utf8_lossy(data)
@@ -372,7 +331,7 @@ pub fn cas_put_all(
             let w = &writes[sent];
             let mut headers = nats::header::HeaderMap::new();
             headers.insert(
-                "Nats-Expected-Last-Subject-Sequence",
+                HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE,
                 w.expected_seq.to_string(),
             );
             conn.publish_with_reply_or_headers(
@@ -468,15 +427,6 @@ mod tests {
 
     #[test]
     fn ack_subjects_and_write_answers_parse() {
-        assert_eq!(
-            parse_ack("$JS.ACK.KV_fleet-status.c1.1.42.7.1700000000000000000.3"),
-            Some((42, 3))
-        );
-        assert_eq!(
-            parse_ack("$JS.ACK.hub.ACC.KV_fleet-status.c1.1.42.7.1700000000000000000.0.rnd"),
-            Some((42, 0))
-        );
-        assert_eq!(parse_ack("_INBOX.x.1"), None);
         assert_eq!(
             outcome_of(br#"{"stream":"KV_fleet-control","seq":12}"#),
             CasOutcome::Written { seq: 12 }

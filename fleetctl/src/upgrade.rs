@@ -5,7 +5,7 @@
 //!
 //! The rule, in order: a device that never reported its info (so its
 //! version and architecture are unknown) or whose updater is in
-//! `rollback-failed` gets nothing; nor one that already runs the release;
+//! `rollback-failed` gets nothing (but see below); nor one that already runs the release;
 //! `rollout` skips a frozen device (`upgrade` writes it anyway, and the
 //! agent holds it until the unfreeze); a release without the device's
 //! architecture gets nothing; when the current intent already carries this
@@ -13,6 +13,13 @@
 //! written while its attempt is under way, and a failed one is issued
 //! again only with `--retry` (seed 002: an unchanged release that failed is
 //! not retried automatically). Otherwise a new attempt is written.
+//!
+//! `rollback-failed` ends with a root repair on the device, which no one
+//! reports to NATS: the status stays `rollback-failed` until the next
+//! attempt. So `upgrade DEVICE --retry` — the operator naming the repaired
+//! device and asking again — writes one; `rollout` never does. On a device
+//! that is still quarantined the updater refuses it (`quarantined`), which
+//! changes nothing.
 
 use std::fmt;
 use std::path::Path;
@@ -59,7 +66,7 @@ impl fmt::Display for Skip {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NoInfo => f.write_str("no device info: the device has never reported, so its version and architecture are unknown; start its agent first"),
-            Self::RollbackFailed { uuid } => write!(f, "rollback-failed after attempt {uuid}: its updater refuses every attempt until root repair on the device"),
+            Self::RollbackFailed { uuid } => write!(f, "rollback-failed after attempt {uuid}: its updater refuses every attempt until root repair on the device; once it is repaired, fleetctl upgrade with --retry issues the next attempt"),
             Self::Frozen => f.write_str("frozen (changefreeze): the agent holds upgrades while frozen; roll out again after the unfreeze, or use fleetctl upgrade to queue it"),
             Self::NoArtifact { arch } => write!(f, "the release has no {arch} artifact: add one to the release file"),
             Self::UnderWay { uuid, phase } => match phase {
@@ -96,9 +103,12 @@ pub fn plan(d: &DeviceView, release: &Release, retry: bool, mode: Mode, uuid: At
         .as_ref()
         .filter(|s| s.phase == UpgradePhase::RollbackFailed)
     {
-        return Plan::Skip(Skip::RollbackFailed {
-            uuid: s.attempt_uuid,
-        });
+        // Only the operator naming the (repaired) device, asking again.
+        if !(mode == Mode::Device && retry) {
+            return Plan::Skip(Skip::RollbackFailed {
+                uuid: s.attempt_uuid,
+            });
+        }
     }
     if info.agent_version == release.version {
         return Plan::UpToDate(info.agent_version.clone());
@@ -391,6 +401,36 @@ mod tests {
             plan(&quarantined, &r, true, Mode::Fleet, u),
             Plan::Skip(Skip::RollbackFailed { uuid: old.uuid })
         );
+        assert_eq!(
+            plan(&quarantined, &r, false, Mode::Device, u),
+            Plan::Skip(Skip::RollbackFailed { uuid: old.uuid })
+        );
+        // After the root repair (NATS still says rollback-failed): the
+        // operator names the device and asks again.
+        assert!(matches!(
+            plan(&quarantined, &r, true, Mode::Device, u),
+            Plan::Write(a) if a.uuid == u
+        ));
+        // The very release that ended in rollback-failed, too.
+        let same = release()
+            .attempt(
+                &DeviceId::parse("dev1").expect("id"),
+                Arch::X86_64,
+                new_uuid(),
+            )
+            .expect("x86_64");
+        let quarantined_same = with_attempt(
+            device("1.0", Arch::X86_64, false),
+            &same,
+            Some((
+                UpgradePhase::RollbackFailed,
+                Some(UpgradeReason::RollbackFailed),
+            )),
+        );
+        assert!(matches!(
+            plan(&quarantined_same, &r, true, Mode::Device, u),
+            Plan::Write(a) if a.uuid == u
+        ));
         // Another release that failed does not block this one.
         let other_failed = with_attempt(
             device("1.0", Arch::X86_64, false),

@@ -234,7 +234,7 @@ fn rollout_applies_the_rules(v: NatsVersion) {
     let a = written_uuid(lines[0], "a-old");
     assert_eq!(lines[1], "b-current: up to date (2.0)");
     assert_eq!(lines[2], "c-frozen: skipped: frozen (changefreeze): the agent holds upgrades while frozen; roll out again after the unfreeze, or use fleetctl upgrade to queue it");
-    assert_eq!(lines[3], format!("d-quarantined: skipped: rollback-failed after attempt {}: its updater refuses every attempt until root repair on the device", q.uuid));
+    assert_eq!(lines[3], format!("d-quarantined: skipped: rollback-failed after attempt {}: its updater refuses every attempt until root repair on the device; once it is repaired, fleetctl upgrade with --retry issues the next attempt", q.uuid));
     assert_eq!(
         lines[4],
         "e-arm: skipped: the release has no aarch64 artifact: add one to the release file"

@@ -70,7 +70,7 @@ impl fmt::Display for DaemonError {
                 path.display()
             ),
             Self::Journal(e) => e.fmt(f),
-            Self::Tls(e) => e.fmt(f),
+            Self::Tls(e) => write!(f, "artifact trust store: {e} (updater config key ca-file)"),
             Self::Supervisor(e) => e.fmt(f),
             Self::Recovery(e) => e.fmt(f),
             Self::Socket(e) => e.fmt(f),

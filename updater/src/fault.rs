@@ -1,7 +1,15 @@
 //! Fault injection for the crash matrix (cargo feature `fault-injection`,
-//! never in release builds): `FLEET_UPDATER_FAULT=<point>` aborts the process
-//! (`std::process::abort`, as abrupt as a power cut for everything after the
-//! last fsync) the first time the named point is reached.
+//! never in release builds), armed by `FLEET_UPDATER_FAULT`:
+//!
+//! - `<point>` aborts the process (`std::process::abort`, as abrupt as a
+//!   power cut for everything after the last fsync) the first time the named
+//!   point is reached;
+//! - `<point>:stop` stops it there instead (SIGSTOP to itself), frozen with
+//!   the durable state the point left, so a test can look at that state and
+//!   then end the process the way it needs: `kill -9` (the updater killed),
+//!   or the whole machine killed at that instant (power loss), which an
+//!   abort cannot give (systemd would restart the updater first). Resumed
+//!   with SIGCONT, it goes on as if nothing happened.
 //!
 //! Points sit after every journal write, and before and after every symlink
 //! switch and service call. Without the feature, [`hit`] compiles to nothing.
@@ -98,16 +106,69 @@ impl std::fmt::Display for FaultPoint {
     }
 }
 
-/// The environment variable naming the armed point.
+/// The environment variable naming the armed point (and its action).
 pub const FAULT_ENV: &str = "FLEET_UPDATER_FAULT";
 
-/// Aborts the process when `point` is the armed one.
+/// What the process does at the armed point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// `std::process::abort`.
+    Abort,
+    /// SIGSTOP to itself: frozen until killed (or resumed).
+    Stop,
+}
+
+/// An armed fault: `<point>` or `<point>:stop`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub point: FaultPoint,
+    pub action: FaultAction,
+}
+
+impl Fault {
+    /// The value of [`FAULT_ENV`]; `None` when it names no point or action.
+    pub fn parse(v: &str) -> Option<Self> {
+        let (point, action) = match v.split_once(':') {
+            None => (v, FaultAction::Abort),
+            Some((point, "stop")) => (point, FaultAction::Stop),
+            Some(_) => return None,
+        };
+        Some(Self {
+            point: FaultPoint::parse(point)?,
+            action,
+        })
+    }
+
+    /// The value of [`FAULT_ENV`] that arms this fault.
+    pub fn env_value(self) -> String {
+        match self.action {
+            FaultAction::Abort => self.point.as_str().to_owned(),
+            FaultAction::Stop => format!("{}:stop", self.point),
+        }
+    }
+}
+
+/// Aborts or stops the process when `point` is the armed one.
 #[cfg(feature = "fault-injection")]
 pub fn hit(point: FaultPoint) {
-    if armed() == Some(point) {
-        log::error!("fault injection: aborting at {point}");
-        eprintln!("fleet-updater: fault injection: aborting at {point}");
-        std::process::abort();
+    let Some(fault) = armed().filter(|f| f.point == point) else {
+        return;
+    };
+    match fault.action {
+        FaultAction::Abort => {
+            log::error!("fault injection: aborting at {point}");
+            eprintln!("fleet-updater: fault injection: aborting at {point}");
+            std::process::abort();
+        }
+        FaultAction::Stop => {
+            log::error!("fault injection: stopping at {point}");
+            eprintln!("fleet-updater: fault injection: stopping at {point}");
+            use rustix::process::{getpid, kill_process, Signal};
+            if let Err(e) = kill_process(getpid(), Signal::STOP) {
+                eprintln!("fleet-updater: fault injection: cannot stop at {point} ({e}); aborting");
+                std::process::abort();
+            }
+        }
     }
 }
 
@@ -116,14 +177,14 @@ pub fn hit(point: FaultPoint) {
 #[inline(always)]
 pub fn hit(_point: FaultPoint) {}
 
-/// The armed point, read once. An unknown name is a test bug: say so loudly
+/// The armed fault, read once. An unknown name is a test bug: say so loudly
 /// rather than run the test without its fault.
 #[cfg(feature = "fault-injection")]
-pub fn armed() -> Option<FaultPoint> {
-    static ARMED: std::sync::OnceLock<Option<FaultPoint>> = std::sync::OnceLock::new();
+pub fn armed() -> Option<Fault> {
+    static ARMED: std::sync::OnceLock<Option<Fault>> = std::sync::OnceLock::new();
     *ARMED.get_or_init(|| {
         let v = std::env::var(FAULT_ENV).ok()?;
-        match FaultPoint::parse(&v) {
+        match Fault::parse(&v) {
             Some(p) => Some(p),
             None => {
                 eprintln!("fleet-updater: unknown {FAULT_ENV}={v:?}; aborting");
@@ -147,5 +208,37 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), FaultPoint::ALL.len());
         assert_eq!(FaultPoint::parse("after-write-nothing"), None);
+    }
+
+    #[test]
+    fn a_fault_aborts_or_stops() {
+        for p in FaultPoint::ALL {
+            for action in [FaultAction::Abort, FaultAction::Stop] {
+                let f = Fault { point: p, action };
+                assert_eq!(Fault::parse(&f.env_value()), Some(f));
+            }
+        }
+        assert_eq!(
+            Fault::parse("before-start-target"),
+            Some(Fault {
+                point: FaultPoint::BeforeStartTarget,
+                action: FaultAction::Abort
+            })
+        );
+        assert_eq!(
+            Fault::parse("before-start-target:stop"),
+            Some(Fault {
+                point: FaultPoint::BeforeStartTarget,
+                action: FaultAction::Stop
+            })
+        );
+        for bad in [
+            "before-start-target:",
+            "before-start-target:pause",
+            "nowhere:stop",
+            ":stop",
+        ] {
+            assert_eq!(Fault::parse(bad), None, "{bad}");
+        }
     }
 }

@@ -16,22 +16,20 @@
 use std::fmt;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 
 use fleet_common::contracts::UpgradeReason;
 use fleet_common::durable::{AtomicFile, DurableError, DurableStep};
+pub use fleet_common::https::TlsSetupError;
+use fleet_common::https::{self, ClientSettings, Trust};
 use fleet_common::limits::MAX_ARTIFACT_BYTES;
 use fleet_common::validate::{ArtifactUrl, HttpsUrl, OciReference, Sha256Hex};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 use sha2::Digest;
 use std::time::Duration;
 
 use crate::config::Bounds;
 use crate::oci::{OciError, Pull};
 
-/// The Debian/Ubuntu system trust store.
-pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Read size of the streaming path: large enough that hashing and writing
 /// run at memory speed, small enough to keep the updater's RSS flat.
 const CHUNK_BYTES: usize = 128 * 1024;
@@ -126,33 +124,6 @@ impl FetchError {
     }
 }
 
-/// The trust store could not be built.
-#[derive(Debug)]
-pub enum TlsSetupError {
-    CaFile { path: PathBuf, message: String },
-    NoTrustAnchors,
-    Rustls(String),
-}
-
-impl fmt::Display for TlsSetupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::CaFile { path, message } => write!(
-                f,
-                "ca-file {}: {message}: give a PEM file of CA certificates",
-                path.display()
-            ),
-            Self::NoTrustAnchors => write!(
-                f,
-                "no trust anchors: {SYSTEM_CA_BUNDLE} is missing and no ca-file is configured; install ca-certificates or set ca-file in the updater config"
-            ),
-            Self::Rustls(m) => write!(f, "setting up TLS: {m}"),
-        }
-    }
-}
-
-impl std::error::Error for TlsSetupError {}
-
 /// What a finished fetch wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fetched {
@@ -173,52 +144,14 @@ impl Fetcher {
     /// Builds the HTTPS client: the system store (when present) plus
     /// `ca_file`, ring, redirects off, the connect and request bounds.
     pub fn new(ca_file: Option<&Path>, bounds: &Bounds) -> Result<Self, TlsSetupError> {
-        let mut roots = rustls::RootCertStore::empty();
-        match std::fs::read(SYSTEM_CA_BUNDLE) {
-            Ok(pem) => {
-                for cert in CertificateDer::pem_slice_iter(&pem).flatten() {
-                    // A system bundle may hold a certificate rustls cannot
-                    // use; skipping it is what every TLS client does.
-                    let _ = roots.add(cert);
-                }
-            }
-            Err(e) => log::warn!("system trust store {SYSTEM_CA_BUNDLE} unreadable: {e}"),
-        }
-        if let Some(path) = ca_file {
-            let bad = |message: String| TlsSetupError::CaFile {
-                path: path.to_owned(),
-                message,
-            };
-            let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-            let mut added = 0;
-            for cert in CertificateDer::pem_slice_iter(&pem) {
-                let cert = cert.map_err(|e| bad(format!("not valid PEM: {e}")))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| bad(format!("unusable certificate: {e}")))?;
-                added += 1;
-            }
-            if added == 0 {
-                return Err(bad("no CERTIFICATE block".to_owned()));
-            }
-        }
-        if roots.is_empty() {
-            return Err(TlsSetupError::NoTrustAnchors);
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| TlsSetupError::Rustls(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let agent = ureq::AgentBuilder::new()
-            .tls_config(Arc::new(tls))
-            .https_only(true)
-            .redirects(0)
-            .timeout_connect(bounds.https_connect)
-            .timeout(bounds.https_request)
-            .user_agent(concat!("fleet-updater/", env!("CARGO_PKG_VERSION")))
-            .build();
+        let agent = https::agent(
+            Trust::System { extra: ca_file },
+            ClientSettings {
+                connect: bounds.https_connect,
+                request: bounds.https_request,
+                user_agent: concat!("fleet-updater/", env!("CARGO_PKG_VERSION")),
+            },
+        )?;
         Ok(Self {
             agent,
             pull_bound: bounds.https_request,
@@ -577,7 +510,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             format!(
-                "ca-file {}: no CERTIFICATE block: give a PEM file of CA certificates",
+                "the CA file {} holds no PEM certificate: give a PEM file of CA certificates",
                 p.display()
             )
         );

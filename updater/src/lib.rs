@@ -39,5 +39,5 @@ mod transaction;
 
 pub use config::TEST_BOUNDS_ENV;
 pub use daemon::{run, DaemonError, RunArgs};
-pub use fault::{FaultPoint, FAULT_ENV};
+pub use fault::{Fault, FaultAction, FaultPoint, FAULT_ENV};
 pub use service::ManagerKind;

@@ -25,9 +25,11 @@ use std::io::{self, Read};
 use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{
-    AgentArtifact, ManifestError, UpgradeReason, OCI_MANIFEST_MEDIA_TYPE,
+    registry_error_summary, AgentArtifact, ManifestError, UpgradeReason, MAX_REGISTRY_ERROR_BYTES,
+    OCI_MANIFEST_MEDIA_TYPE,
 };
 use fleet_common::durable::{AtomicFile, DurableError};
+use fleet_common::https;
 use fleet_common::limits::{MAX_BLOB_REDIRECTS, MAX_MANIFEST_BYTES, MAX_TOKEN_RESPONSE_BYTES};
 use fleet_common::validate::{OciReference, OciTarget, Sha256Hex};
 use serde::Deserialize;
@@ -37,8 +39,6 @@ use crate::fetch::{describe_io, stream_verified, transport_message, Fetched, Str
 /// Longest redirect `Location` or token realm followed: presigned CDN URLs
 /// run past a kilobyte, none is near this.
 const MAX_URL_CHARS: usize = 8 * 1024;
-/// Of an error answer, only this much is read (the registry's error JSON).
-const MAX_ERROR_BODY_BYTES: u64 = 16 * 1024;
 /// Characters of a URL or registry message shown in an error.
 const SHOWN_CHARS: usize = 160;
 
@@ -664,33 +664,8 @@ fn redirect_or_status(step: Step, url: &str, response: ureq::Response) -> OciErr
 
 /// The first error of a registry's error JSON, `CODE: message`.
 fn registry_error(response: ureq::Response) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Errors {
-        errors: Vec<Entry>,
-    }
-    #[derive(Deserialize)]
-    struct Entry {
-        code: Option<String>,
-        message: Option<String>,
-    }
-    let mut body = Vec::new();
-    response
-        .into_reader()
-        .take(MAX_ERROR_BODY_BYTES)
-        .read_to_end(&mut body)
-        .ok()?;
-    let first = serde_json::from_slice::<Errors>(&body)
-        .ok()?
-        .errors
-        .into_iter()
-        .next()?;
-    let text = match (first.code, first.message) {
-        (Some(c), Some(m)) => format!("{c}: {m}"),
-        (Some(c), None) => c,
-        (None, Some(m)) => m,
-        (None, None) => return None,
-    };
-    Some(text.chars().take(SHOWN_CHARS).collect())
+    let body = https::read_body(response, MAX_REGISTRY_ERROR_BYTES).ok()?;
+    registry_error_summary(&body)
 }
 
 /// `Content-Length`, unless a `Transfer-Encoding` overrides it (RFC 9112 6.3).

@@ -271,3 +271,74 @@ fn a_crash_during_recovery_is_recovered_by_the_next_start() {
         "the updater restarted while rolling back; repeating the rollback"
     );
 }
+
+/// `<point>:stop` freezes the updater at its point (SIGSTOP), the journal
+/// and the link on disk as the point left them, until it is killed; a
+/// SIGKILL then is the crash, and the next start recovers. (The systemd
+/// matrix uses this to kill the updater, or the whole machine, there.)
+#[test]
+fn a_stop_fault_freezes_the_updater_at_its_point_until_it_is_killed() {
+    use fleet_updater::{Fault, FaultAction, FAULT_ENV};
+    use rustix::process::Signal;
+    let ca = TestCa::new();
+    let server = HttpsServer::start(&ca);
+    let v2 = StandIn::good("2.0");
+    server.route("/agent", Behavior::Bytes(v2.script()));
+    let device = Device::new(&ca, &StandIn::good("1.0"));
+    let a = attempt(&server.url("/agent"), &v2);
+
+    let fault = Fault {
+        point: FaultPoint::AfterSwitchToTarget,
+        action: FaultAction::Stop,
+    };
+    let mut cmd = device.updater_command();
+    cmd.env(FAULT_ENV, fault.env_value());
+    let mut first = fleet_harness::ChildGuard::spawn(cmd, "fleet-updater");
+    first.wait_for_line("recovery complete", support::SETTLE);
+    let socket = device.layout.updater_socket();
+    let req = a.clone();
+    let t = std::thread::spawn(move || {
+        fleet_common::socket::call::<_, fleet_common::contracts::UpdaterReply>(
+            &socket,
+            &fleet_common::contracts::UpdaterRequest::Upgrade { attempt: req },
+            fleet_common::limits::SOCKET_UPGRADE_RESPONSE_TIMEOUT,
+        )
+    });
+    let stat = format!("/proc/{}/stat", first.pid());
+    fleet_harness::poll_until(
+        "the updater stopped at its fault point",
+        support::SETTLE,
+        || {
+            let s = std::fs::read_to_string(&stat).ok()?;
+            let state = s[s.rfind(')')? + 1..].split_whitespace().next()?.to_owned();
+            (state == "T").then_some(())
+        },
+    );
+    first.wait_for_line(
+        "fault injection: stopping at after-switch-to-target",
+        support::SETTLE,
+    );
+    // Frozen where the point is: activating, the link on the target.
+    assert_eq!(
+        device.journal().transaction.expect("tx").phase,
+        JournalPhase::Activating
+    );
+    assert_eq!(device.active(), device.binary("2.0"));
+    assert!(first.try_wait().is_none(), "stopped, not dead");
+
+    first.signal(Signal::KILL);
+    {
+        use std::os::unix::process::ExitStatusExt;
+        let status = first.wait_exit(support::SETTLE);
+        assert_eq!(status.signal(), Some(9), "{}", first.log());
+    }
+    let _ = t.join();
+    support::poll_agents_gone(&device);
+    let _second = device.start_updater();
+    let status = device.wait_terminal();
+    assert_eq!(
+        (status.phase, status.reason),
+        (UpgradePhase::Failed, Some(UpgradeReason::Interrupted))
+    );
+    device.assert_only_agent("1.0");
+}

@@ -20,11 +20,13 @@ use std::fmt;
 use std::io;
 use std::time::{Duration, Instant};
 
+use fleet_common::jetstream::{
+    is_kv_delete, nanos, AckInfo, ConsumerCreateResponse, HEADER_KV_OPERATION,
+};
 use fleet_common::limits::NATS_REQUEST_TIMEOUT;
 use fleet_common::subjects::{
     deliver_prefix, device_consumer_create_subject, device_filter, stream_name,
 };
-use serde::Deserialize;
 
 use super::connection::Nats;
 use super::inbox::{status_of, RequestError};
@@ -161,55 +163,6 @@ impl fmt::Display for ConsumerError {
 
 impl std::error::Error for ConsumerError {}
 
-/// Sequence numbers and pending count from a `$JS.ACK` reply subject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AckInfo {
-    pub stream_seq: u64,
-    pub consumer_seq: u64,
-    pub pending: u64,
-}
-
-/// Parses both forms of the ack subject:
-/// `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>`
-/// and the newer
-/// `$JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>[.<token>]`.
-pub fn parse_ack(reply: &str) -> Option<AckInfo> {
-    let t: Vec<&str> = reply.split('.').collect();
-    if t.len() < 9 || t[0] != "$JS" || t[1] != "ACK" {
-        return None;
-    }
-    let (s, c, p) = match t.len() {
-        9 => (5, 6, 8),
-        11 | 12 => (7, 8, 10),
-        _ => return None,
-    };
-    Some(AckInfo {
-        stream_seq: t[s].parse().ok()?,
-        consumer_seq: t[c].parse().ok()?,
-        pending: t[p].parse().ok()?,
-    })
-}
-
-#[derive(Debug, Deserialize)]
-struct ApiError {
-    #[serde(default)]
-    code: u64,
-    #[serde(default)]
-    err_code: u64,
-    #[serde(default)]
-    description: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct CreateResponse {
-    #[serde(default)]
-    error: Option<ApiError>,
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    num_pending: Option<u64>,
-}
-
 /// A live consumer and its deliver subscription. Dropping it unsubscribes;
 /// the server then removes the consumer after [`INACTIVE_THRESHOLD`].
 #[derive(Debug)]
@@ -247,7 +200,6 @@ impl KvConsumer {
                 source,
             })?;
         let filter = device_filter(bucket, device);
-        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let body = serde_json::json!({
             "stream_name": stream_name(bucket),
             "config": {
@@ -267,7 +219,7 @@ impl KvConsumer {
         let reply = nats
             .request(&subject, body.to_string().as_bytes(), NATS_REQUEST_TIMEOUT)
             .map_err(|source| ConsumerError::Create { bucket, source })?;
-        let resp: CreateResponse =
+        let resp: ConsumerCreateResponse =
             serde_json::from_slice(&reply.data).map_err(|e| ConsumerError::BadResponse {
                 bucket,
                 detail: format!("{e}"),
@@ -275,7 +227,7 @@ impl KvConsumer {
         if let Some(e) = resp.error {
             return Err(ConsumerError::Refused {
                 bucket,
-                code: if e.err_code != 0 { e.err_code } else { e.code },
+                code: e.best_code(),
                 description: e.description,
             });
         }
@@ -340,17 +292,15 @@ impl KvConsumer {
             log::warn!(bucket = bucket; "dropping a delivery for {}: empty key", m.subject);
             return Ok(None);
         }
-        let ack =
-            m.reply
-                .as_deref()
-                .and_then(parse_ack)
-                .ok_or_else(|| ConsumerError::BadResponse {
-                    bucket,
-                    detail: format!(
-                        "delivery of {} has no JetStream ack subject ({:?})",
-                        m.subject, m.reply
-                    ),
-                })?;
+        let ack = m.reply.as_deref().and_then(AckInfo::parse).ok_or_else(|| {
+            ConsumerError::BadResponse {
+                bucket,
+                detail: format!(
+                    "delivery of {} has no JetStream ack subject ({:?})",
+                    m.subject, m.reply
+                ),
+            }
+        })?;
         let expected = self.last_consumer_seq + 1;
         if ack.consumer_seq != expected {
             return Err(ConsumerError::Gap {
@@ -360,14 +310,11 @@ impl KvConsumer {
             });
         }
         self.last_consumer_seq = ack.consumer_seq;
-        let op = match m
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("KV-Operation"))
-            .map(String::as_str)
-        {
-            Some("DEL") | Some("PURGE") => KvOp::Delete,
-            _ => KvOp::Put(m.data),
+        let operation = m.headers.as_ref().and_then(|h| h.get(HEADER_KV_OPERATION));
+        let op = if is_kv_delete(operation.map(String::as_str)) {
+            KvOp::Delete
+        } else {
+            KvOp::Put(m.data)
         };
         Ok(Some(KvEntry {
             key: key.to_owned(),
@@ -454,34 +401,5 @@ impl KvConsumer {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn both_ack_subject_forms_parse() {
-        assert_eq!(
-            parse_ack("$JS.ACK.KV_fleet-desired.c1.1.42.7.1700000000000000000.3"),
-            Some(AckInfo {
-                stream_seq: 42,
-                consumer_seq: 7,
-                pending: 3
-            })
-        );
-        assert_eq!(
-            parse_ack("$JS.ACK.hub.ACCHASH.KV_fleet-desired.c1.1.42.7.1700000000000000000.0.rnd"),
-            Some(AckInfo {
-                stream_seq: 42,
-                consumer_seq: 7,
-                pending: 0
-            })
-        );
-        assert_eq!(parse_ack("$JS.ACK.KV_x.c.1.2.3.4"), None);
-        assert_eq!(parse_ack("$JS.NAK.KV_x.c.1.2.3.4.5"), None);
-        assert_eq!(parse_ack("$JS.ACK.KV_x.c.1.2.x.4.5"), None);
-        assert_eq!(parse_ack("_INBOX.dev1.a.1"), None);
     }
 }

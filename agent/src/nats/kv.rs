@@ -6,8 +6,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use fleet_common::jetstream::PubAckResponse;
 use fleet_common::subjects::kv_subject;
-use serde::Deserialize;
 
 use super::connection::Nats;
 use super::inbox::RequestError;
@@ -62,26 +62,6 @@ impl fmt::Display for PublishError {
 
 impl std::error::Error for PublishError {}
 
-#[derive(Debug, Deserialize)]
-struct AckError {
-    #[serde(default)]
-    code: u64,
-    #[serde(default)]
-    err_code: u64,
-    #[serde(default)]
-    description: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct Ack {
-    #[serde(default)]
-    stream: Option<String>,
-    #[serde(default)]
-    seq: Option<u64>,
-    #[serde(default)]
-    error: Option<AckError>,
-}
-
 /// Puts `value` at `key` of `bucket` and waits up to `timeout` for the ack.
 pub fn put(
     nats: &Nats,
@@ -94,17 +74,18 @@ pub fn put(
     let reply = nats
         .request(&subject, value, timeout)
         .map_err(PublishError::Request)?;
-    let ack: Ack = serde_json::from_slice(&reply.data).map_err(|e| PublishError::BadAck {
-        subject: subject.clone(),
-        detail: e.to_string(),
-    })?;
+    let ack: PubAckResponse =
+        serde_json::from_slice(&reply.data).map_err(|e| PublishError::BadAck {
+            subject: subject.clone(),
+            detail: e.to_string(),
+        })?;
     match ack {
-        Ack { error: Some(e), .. } => Err(PublishError::Refused {
+        PubAckResponse { error: Some(e), .. } => Err(PublishError::Refused {
             subject,
-            code: if e.err_code != 0 { e.err_code } else { e.code },
+            code: e.best_code(),
             description: e.description,
         }),
-        Ack {
+        PubAckResponse {
             stream: Some(stream),
             seq: Some(seq),
             ..

@@ -39,6 +39,8 @@ pub struct Settings {
     pub podman: bool,
     pub pull_timeout_secs: u64,
     pub password: Option<String>,
+    /// `nats.auth` instead of the device's user and password.
+    pub auth: Option<serde_json::Value>,
 }
 
 impl Settings {
@@ -48,6 +50,7 @@ impl Settings {
             podman: true,
             pull_timeout_secs: 60,
             password: None,
+            auth: None,
         }
     }
 }
@@ -81,7 +84,9 @@ impl Device {
             "device-id": id,
             "nats": {
                 "servers": settings.servers,
-                "auth": {"method": "user-password", "user": id, "password-file": pw},
+                "auth": settings.auth.clone().unwrap_or_else(|| {
+                    serde_json::json!({"method": "user-password", "user": id, "password-file": pw})
+                }),
             },
             "podman": podman_json,
             "intervals": {

@@ -28,8 +28,9 @@ pub use local::{
     UpdaterView, UpgradeView,
 };
 pub use oci::{
-    AgentArtifact, ManifestError, OciDescriptor, OciDigest, OciManifest, AGENT_ARTIFACT_TYPE,
-    AGENT_BINARY_MEDIA_TYPE, OCI_EMPTY_BLOB, OCI_EMPTY_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
+    registry_error_summary, AgentArtifact, ManifestError, OciDescriptor, OciDigest, OciManifest,
+    AGENT_ARTIFACT_TYPE, AGENT_BINARY_MEDIA_TYPE, MAX_REGISTRY_ERROR_BYTES, OCI_EMPTY_BLOB,
+    OCI_EMPTY_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
 };
 pub use release::{Release, ReleaseArtifact, ReleaseArtifacts, ReleaseError};
 pub use seen::{AttemptOutcome, SeenAttempt, SeenAttempts};

@@ -369,3 +369,50 @@ mod tests {
         assert!(OciDigest::parse(&"b".repeat(64)).is_err());
     }
 }
+
+/// Bytes of a registry's error body read at most.
+pub const MAX_REGISTRY_ERROR_BYTES: u64 = 16 * 1024;
+
+/// The first error of a registry's error body (OCI distribution
+/// `{"errors":[{"code":..,"message":..}]}`), as `CODE: message`, shortened.
+pub fn registry_error_summary(body: &[u8]) -> Option<String> {
+    const SHOWN_CHARS: usize = 200;
+    #[derive(Deserialize)]
+    struct Errors {
+        errors: Vec<Entry>,
+    }
+    #[derive(Deserialize)]
+    struct Entry {
+        code: Option<String>,
+        message: Option<String>,
+    }
+    let first = serde_json::from_slice::<Errors>(body)
+        .ok()?
+        .errors
+        .into_iter()
+        .next()?;
+    let text = match (first.code, first.message) {
+        (Some(c), Some(m)) => format!("{c}: {m}"),
+        (c, m) => c.or(m)?,
+    };
+    Some(text.chars().take(SHOWN_CHARS).collect())
+}
+
+#[cfg(test)]
+mod registry_error_tests {
+    use super::registry_error_summary;
+
+    #[test]
+    fn summarises_the_first_error() {
+        assert_eq!(
+            registry_error_summary(br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown","detail":{}},{"code":"X"}]}"#),
+            Some("MANIFEST_UNKNOWN: manifest unknown".into())
+        );
+        assert_eq!(
+            registry_error_summary(br#"{"errors":[{"code":"DENIED"}]}"#),
+            Some("DENIED".into())
+        );
+        assert_eq!(registry_error_summary(br#"{"errors":[]}"#), None);
+        assert_eq!(registry_error_summary(b"<html>502</html>"), None);
+    }
+}

@@ -1,17 +1,20 @@
 //! `fleet-harness`: real parts for every test — nats-server (single, fleet
-//! layout, 3-node cluster; Debian 2.9 and 2.14), an isolated Podman, an HTTPS
-//! server with a test CA, an OCI registry (Debian's docker-registry) with a
-//! token-auth front, a booted Debian 12 systemd container, and child
-//! processes that are killed and reaped when a test ends, whatever way it
-//! ends.
+//! layout, 3-node cluster; Debian 2.9 and 2.14; 2.14 with the real
+//! `fleet-auth-callout`), an isolated Podman, an HTTPS server with a test
+//! CA, an identity provider on it (JWKS and OAuth2 token endpoint), an OCI
+//! registry (Debian's docker-registry) with a token-auth front, a booted
+//! Debian 12 systemd container, and child processes that are killed and
+//! reaped when a test ends, whatever way it ends.
 //!
 //! Everything a test starts lives in a guard whose `Drop` stops it and removes
 //! its temp dirs. Ports are random, nothing is global but `OnceLock` caches,
 //! so tests run in parallel threads.
 
 mod builds;
+mod callout;
 mod device;
 mod https;
+mod idp;
 mod isolation;
 mod nats;
 mod podman;
@@ -24,11 +27,16 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use builds::{device_deb, packages_dir, target_dir, workspace_version};
+pub use callout::{CalloutNats, CALLOUT_PASSWORD};
 pub use device::{
     device_root, test_agent_path, test_updater_path, DeviceRoot, UPGRADE_TEST_VERSION,
 };
 pub use https::{
     Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
+};
+pub use idp::{
+    claims, ec_jwk, ec_key, es256, now_secs, rs256, signing_input, Idp, IdpKeys, EC_KID,
+    IDP_AUDIENCE, IDP_ISSUER, JWKS_PATH, RSA_KID, RSA_TEST_KEY_JWK, RSA_TEST_KEY_PEM, TOKEN_PATH,
 };
 pub use isolation::{admin_get, assert_device_isolation, DeviceClient};
 pub use nats::{

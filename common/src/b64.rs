@@ -1,6 +1,9 @@
 //! Base64 (RFC 4648): the URL-safe alphabet without padding that JWTs and
 //! JWKs use, strictly decoded (no padding, no whitespace, zero trailing
 //! bits), and the standard alphabet with padding for HTTP Basic credentials.
+//!
+//! Shared by the auth callout (JWT and JWK decoding, NATS JWT encoding) and
+//! the agent (the Basic credentials of its token requests).
 
 const URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 const STD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

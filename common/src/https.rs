@@ -1,0 +1,245 @@
+//! HTTPS clients, built one way for every component that speaks HTTPS
+//! (artifact downloads and registries in the updater and fleetctl, the
+//! identity provider in the agent and the auth callout): rustls with the
+//! ring provider, HTTPS only, no redirects (a caller that follows them does
+//! so hop by hop, checking each), the connect and the whole request bounded,
+//! and bodies read up to a limit.
+//!
+//! Trust anchors are either the system bundle (plus an extra PEM file) or
+//! exactly one PEM file; see [`Trust`]. Behind the `https` feature, so
+//! crates without HTTPS don't link ureq and rustls.
+
+use std::fmt;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
+
+/// The Debian/Ubuntu system trust store (package ca-certificates).
+pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Which certificate authorities a client trusts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trust<'a> {
+    /// The system bundle, plus every CA of `extra` when given.
+    System { extra: Option<&'a Path> },
+    /// Exactly the CAs of this PEM file.
+    Only(&'a Path),
+}
+
+impl<'a> Trust<'a> {
+    /// `Only(path)` when a CA file is configured, else the system bundle.
+    pub fn file_or_system(ca_file: Option<&'a Path>) -> Self {
+        match ca_file {
+            Some(p) => Self::Only(p),
+            None => Self::System { extra: None },
+        }
+    }
+}
+
+/// A client that could not be built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsSetupError {
+    /// The CA file is unreadable, not PEM, or holds an unusable certificate.
+    CaFile {
+        path: PathBuf,
+        message: String,
+    },
+    /// The CA file holds no certificate.
+    NoCertificates {
+        path: PathBuf,
+    },
+    /// Neither the system bundle nor an extra file gave a trust anchor.
+    NoTrustAnchors,
+    Rustls(String),
+}
+
+impl fmt::Display for TlsSetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::CaFile { path, message } => write!(
+                f,
+                "cannot use the CA file {}: {message}: give a PEM file of CA certificates",
+                path.display()
+            ),
+            Self::NoCertificates { path } => write!(
+                f,
+                "the CA file {} holds no PEM certificate: give a PEM file of CA certificates",
+                path.display()
+            ),
+            Self::NoTrustAnchors => write!(
+                f,
+                "no trust anchors: {SYSTEM_CA_BUNDLE} is missing or empty and no CA file is configured; install ca-certificates or configure a CA file"
+            ),
+            Self::Rustls(e) => write!(f, "cannot set up TLS: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for TlsSetupError {}
+
+/// Adds every certificate of the PEM file `path`, refusing a file without one.
+fn add_pem_file(roots: &mut rustls::RootCertStore, path: &Path) -> Result<(), TlsSetupError> {
+    let bad = |message: String| TlsSetupError::CaFile {
+        path: path.to_owned(),
+        message,
+    };
+    let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let mut added = 0;
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| bad(format!("not valid PEM: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| bad(format!("unusable certificate: {e}")))?;
+        added += 1;
+    }
+    if added == 0 {
+        return Err(TlsSetupError::NoCertificates {
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// The trust anchors of `trust`.
+pub fn root_store(trust: Trust<'_>) -> Result<rustls::RootCertStore, TlsSetupError> {
+    let mut roots = rustls::RootCertStore::empty();
+    match trust {
+        Trust::Only(path) => add_pem_file(&mut roots, path)?,
+        Trust::System { extra } => {
+            match std::fs::read(SYSTEM_CA_BUNDLE) {
+                Ok(pem) => {
+                    for cert in CertificateDer::pem_slice_iter(&pem).flatten() {
+                        // A system bundle may hold a certificate rustls
+                        // cannot use; skipping it is what every client does.
+                        let _ = roots.add(cert);
+                    }
+                }
+                Err(e) => log::warn!("system trust store {SYSTEM_CA_BUNDLE} unreadable: {e}"),
+            }
+            if let Some(path) = extra {
+                add_pem_file(&mut roots, path)?;
+            }
+        }
+    }
+    if roots.is_empty() {
+        return Err(TlsSetupError::NoTrustAnchors);
+    }
+    Ok(roots)
+}
+
+/// A rustls client config (ring provider, safe default versions) on `trust`.
+pub fn client_config(trust: Trust<'_>) -> Result<Arc<rustls::ClientConfig>, TlsSetupError> {
+    let roots = root_store(trust)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsSetupError::Rustls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// The bounds and identity of one client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientSettings {
+    /// TCP connect and TLS handshake.
+    pub connect: Duration,
+    /// One whole request, body included.
+    pub request: Duration,
+    /// `User-Agent`, e.g. `fleet-updater/0.1.0`.
+    pub user_agent: &'static str,
+}
+
+/// A ureq agent: HTTPS only, no redirects, bounded by `settings`, on `trust`.
+pub fn agent(trust: Trust<'_>, settings: ClientSettings) -> Result<ureq::Agent, TlsSetupError> {
+    Ok(ureq::AgentBuilder::new()
+        .tls_config(client_config(trust)?)
+        .https_only(true)
+        .redirects(0)
+        .timeout_connect(settings.connect)
+        .timeout(settings.request)
+        .user_agent(settings.user_agent)
+        .build())
+}
+
+/// A body that could not be read whole.
+#[derive(Debug)]
+pub enum BodyError {
+    TooLarge { limit: u64 },
+    Read(io::Error),
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TooLarge { limit } => write!(f, "the answer is larger than {limit} bytes"),
+            Self::Read(e) => write!(f, "reading the answer: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+/// Reads a response body, refusing one larger than `limit` bytes.
+pub fn read_body(response: ureq::Response, limit: u64) -> Result<Vec<u8>, BodyError> {
+    let mut body = Vec::new();
+    response
+        .into_reader()
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut body)
+        .map_err(BodyError::Read)?;
+    if body.len() as u64 > limit {
+        return Err(BodyError::TooLarge { limit });
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_bad_ca_files_with_the_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, b"# nothing\n").expect("write");
+        assert_eq!(
+            root_store(Trust::Only(&empty)).err(),
+            Some(TlsSetupError::NoCertificates {
+                path: empty.clone()
+            })
+        );
+        let missing = dir.path().join("missing.pem");
+        let e = root_store(Trust::System {
+            extra: Some(&missing),
+        })
+        .expect_err("missing file");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot use the CA file {}", missing.display())),
+            "{e}"
+        );
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(
+            &garbage,
+            b"-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
+        )
+        .expect("write");
+        assert!(matches!(
+            root_store(Trust::Only(&garbage)),
+            Err(TlsSetupError::CaFile { .. })
+        ));
+    }
+
+    #[test]
+    fn system_bundle_is_used() {
+        // This machine has ca-certificates (make deps installs curl, which
+        // depends on it).
+        let roots = root_store(Trust::System { extra: None }).expect("system roots");
+        assert!(roots.len() > 10, "{} roots", roots.len());
+    }
+}

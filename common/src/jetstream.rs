@@ -1,0 +1,172 @@
+//! The JetStream API as it appears on the wire, for the thin JetStream layers
+//! of the agent (device-scoped, DESIGN.md "How a device talks to JetStream")
+//! and fleetctl (admin, pipelined): response bodies, the `$JS.ACK` reply
+//! subject of a push delivery, and the headers both read. No connection
+//! here: callers publish and subscribe with the `nats` crate.
+
+use serde::Deserialize;
+
+/// Header JetStream sets on KV delete and purge markers (`DEL`, `PURGE`).
+pub const HEADER_KV_OPERATION: &str = "KV-Operation";
+/// Header carrying a status line (`100` heartbeat or flow control, `503`).
+pub const HEADER_STATUS: &str = "Status";
+/// Header of a compare-and-set write: the subject's last sequence must be
+/// this (0: the key must never have been written).
+pub const HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
+/// JetStream's error code for a failed expected-last-sequence check.
+pub const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
+
+/// Whether a `KV-Operation` header value marks a deleted key.
+pub fn is_kv_delete(operation: Option<&str>) -> bool {
+    matches!(operation, Some("DEL") | Some("PURGE"))
+}
+
+/// An `error` object of any JetStream API response.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ApiError {
+    #[serde(default)]
+    pub code: u64,
+    #[serde(default)]
+    pub err_code: u64,
+    #[serde(default)]
+    pub description: String,
+}
+
+impl ApiError {
+    /// The most specific code: JetStream's `err_code`, else the HTTP-like `code`.
+    pub fn best_code(&self) -> u64 {
+        if self.err_code != 0 {
+            self.err_code
+        } else {
+            self.code
+        }
+    }
+}
+
+/// The answer to `$JS.API.CONSUMER.CREATE...`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ConsumerCreateResponse {
+    #[serde(default)]
+    pub error: Option<ApiError>,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Messages the new consumer will deliver; 0 means an empty snapshot.
+    #[serde(default)]
+    pub num_pending: Option<u64>,
+}
+
+/// The answer to a publish into a stream (a KV put).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PubAckResponse {
+    #[serde(default)]
+    pub stream: Option<String>,
+    #[serde(default)]
+    pub seq: Option<u64>,
+    #[serde(default)]
+    pub error: Option<ApiError>,
+}
+
+/// Sequence numbers and pending count of a push delivery, read from its
+/// `$JS.ACK` reply subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckInfo {
+    pub stream_seq: u64,
+    pub consumer_seq: u64,
+    /// Messages still to come; 0 on the last message of a snapshot.
+    pub pending: u64,
+}
+
+impl AckInfo {
+    /// Parses both forms of the ack subject:
+    /// `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>`
+    /// and the newer
+    /// `$JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>[.<token>]`.
+    pub fn parse(reply: &str) -> Option<AckInfo> {
+        let t: Vec<&str> = reply.split('.').collect();
+        if t.len() < 9 || t[0] != "$JS" || t[1] != "ACK" {
+            return None;
+        }
+        let (s, c, p) = match t.len() {
+            9 => (5, 6, 8),
+            11 | 12 => (7, 8, 10),
+            _ => return None,
+        };
+        Some(AckInfo {
+            stream_seq: t[s].parse().ok()?,
+            consumer_seq: t[c].parse().ok()?,
+            pending: t[p].parse().ok()?,
+        })
+    }
+}
+
+/// A `Duration` as the nanoseconds JetStream configs take.
+pub fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_ack_subject_forms() {
+        assert_eq!(
+            AckInfo::parse("$JS.ACK.KV_fleet-desired.c1.1.42.7.1700000000000000000.3"),
+            Some(AckInfo {
+                stream_seq: 42,
+                consumer_seq: 7,
+                pending: 3
+            })
+        );
+        assert_eq!(
+            AckInfo::parse(
+                "$JS.ACK.hub.ACCHASH.KV_fleet-desired.c1.1.42.7.1700000000000000000.0.rnd"
+            ),
+            Some(AckInfo {
+                stream_seq: 42,
+                consumer_seq: 7,
+                pending: 0
+            })
+        );
+        assert_eq!(AckInfo::parse("$JS.ACK.KV_x.c.1.2.3.4"), None);
+        assert_eq!(AckInfo::parse("$JS.NAK.KV_x.c.1.2.3.4.5"), None);
+        assert_eq!(AckInfo::parse("$JS.ACK.KV_x.c.1.2.x.4.5"), None);
+        assert_eq!(AckInfo::parse("_INBOX.dev1.a.1"), None);
+    }
+
+    #[test]
+    fn parses_responses() {
+        let ack: PubAckResponse =
+            serde_json::from_str(r#"{"stream":"KV_fleet-status","seq":9}"#).expect("ack");
+        assert_eq!(
+            (ack.stream.as_deref(), ack.seq, ack.error),
+            (Some("KV_fleet-status"), Some(9), None)
+        );
+        let refused: PubAckResponse = serde_json::from_str(
+            r#"{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"}}"#,
+        )
+        .expect("error");
+        assert_eq!(
+            refused.error.map(|e| e.best_code()),
+            Some(ERR_WRONG_LAST_SEQUENCE)
+        );
+        let created: ConsumerCreateResponse = serde_json::from_str(
+            r#"{"type":"io.nats.jetstream.api.v1.consumer_create_response","name":"c1","num_pending":0,"config":{}}"#,
+        )
+        .expect("create");
+        assert_eq!(
+            (created.name.as_deref(), created.num_pending),
+            (Some("c1"), Some(0))
+        );
+        assert!(is_kv_delete(Some("PURGE")) && is_kv_delete(Some("DEL")) && !is_kv_delete(None));
+        assert_eq!(
+            ApiError {
+                code: 503,
+                err_code: 0,
+                description: String::new()
+            }
+            .best_code(),
+            503
+        );
+    }
+}

@@ -1,0 +1,128 @@
+//! nats-server 2.14 with the fleet's auth-callout layout
+//! (`fleet_common::nats_config::callout_server_config`) and the real
+//! `fleet-auth-callout` binary answering its authorization requests,
+//! trusting an [`Idp`]. Devices connect with a bearer token as the NATS
+//! token; `admin` and the callout's own user bypass the callout.
+
+use std::io;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use fleet_common::nats_config::{callout_server_config, CalloutServerConfig};
+use fleet_common::nkey::{NkeyKind, PublicNkey};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+use crate::bin_path;
+use crate::idp::{Idp, IDP_AUDIENCE, IDP_ISSUER};
+use crate::isolation::DeviceClient;
+use crate::nats::{NatsServer, NatsVersion, NATS_ADMIN_PASSWORD};
+use crate::proc::ChildGuard;
+
+/// The callout's password in account `AUTH`.
+pub const CALLOUT_PASSWORD: &str = "callout-pw";
+/// The callout answers (and logs) within this.
+const CALLOUT_WAIT: Duration = Duration::from_secs(10);
+
+fn write_private(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
+/// The server and the callout process; dropping it stops both.
+#[derive(Debug)]
+pub struct CalloutNats {
+    pub server: NatsServer,
+    pub callout: ChildGuard,
+    _dir: TempDir,
+}
+
+impl CalloutNats {
+    /// Everything up, the callout answering. `extra` is merged into the
+    /// callout's config (`clock_skew_secs`, `jwks_min_refetch_secs`, ...).
+    pub fn start(idp: &Idp, extra: Value) -> CalloutNats {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let seed = dir.path().join("issuer.nk");
+        let out = Command::new(bin_path("fleet-auth-callout"))
+            .arg("keygen")
+            .arg(&seed)
+            .output()
+            .expect("run keygen");
+        assert!(out.status.success(), "keygen: {out:?}");
+        let public = String::from_utf8(out.stdout).expect("utf8");
+        let issuer = PublicNkey::parse_kind(public.trim(), NkeyKind::Account).expect("account key");
+
+        let server = NatsServer::start_with_config(NatsVersion::V2_14, |port, store| {
+            callout_server_config(&CalloutServerConfig {
+                listen: ([127, 0, 0, 1], port).into(),
+                server_name: None,
+                store_dir: store.to_path_buf(),
+                admin_password: NATS_ADMIN_PASSWORD.to_owned(),
+                callout_password: CALLOUT_PASSWORD.to_owned(),
+                issuer: issuer.clone(),
+                cluster: None,
+            })
+        });
+
+        let password = dir.path().join("nats-password");
+        write_private(&password, &format!("{CALLOUT_PASSWORD}\n"));
+        let mut config = json!({
+            "issuer": IDP_ISSUER,
+            "audience": IDP_AUDIENCE,
+            "jwks_url": idp.jwks_url(),
+            "https_ca_file": idp.ca.ca_path(),
+            "nats_url": server.url(),
+            "nats_password_file": password,
+            "issuer_seed_file": seed,
+        });
+        for (k, v) in extra.as_object().expect("object") {
+            config[k] = v.clone();
+        }
+        let config_path = dir.path().join("auth-callout.json");
+        std::fs::write(&config_path, config.to_string()).expect("write config");
+        let mut cmd = Command::new(bin_path("fleet-auth-callout"));
+        cmd.arg("--config")
+            .arg(&config_path)
+            .env("FLEET_LOG", "info");
+        let callout = ChildGuard::spawn(cmd, "fleet-auth-callout");
+        callout.wait_for_line("answering authorization requests", CALLOUT_WAIT);
+        CalloutNats {
+            server,
+            callout,
+            _dir: dir,
+        }
+    }
+
+    /// Device `id` connecting with `token` as its NATS token (one
+    /// reconnect attempt, so a refusal returns at once).
+    pub fn connect_token(&self, id: &str, token: &str) -> io::Result<DeviceClient> {
+        let options = self
+            .server
+            .client_options(nats::Options::with_token(token))
+            .max_reconnects(1);
+        DeviceClient::connect(options, &self.server.url(), id)
+    }
+
+    /// Like [`connect_token`](Self::connect_token), panicking with both
+    /// logs when the device is refused.
+    pub fn device(&self, id: &str, token: &str) -> DeviceClient {
+        self.connect_token(id, token)
+            .unwrap_or_else(|e| panic!("{id} not authorized: {e}\n{}", self.logs()))
+    }
+
+    /// The callout's log line containing `needle` (waits for it).
+    pub fn logged(&self, needle: &str) -> String {
+        self.callout.wait_for_line(needle, CALLOUT_WAIT)
+    }
+
+    /// Both logs, for a failure message.
+    pub fn logs(&self) -> String {
+        format!(
+            "--- callout log:\n{}\n--- server log:\n{}",
+            self.callout.log(),
+            self.server.log()
+        )
+    }
+}
