@@ -26,7 +26,7 @@ export AR_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-ar
 DESTDIR ?=
 PREFIX ?= /usr/local
 
-.PHONY: all help deps lint build test test-systemd test-unit demo bench clean \
+.PHONY: all help deps lint build test test-systemd test-unit demo bench bench-profiles clean \
 	release device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
 
 all: build
@@ -91,6 +91,25 @@ test-systemd: build test-agents
 ## demo: one demo device against a local nats-server (Ctrl-C stops and cleans up).
 demo: deps build
 	@bash scripts/demo.sh
+
+# The second agent version the cutover figure switches to (the bench's
+# cutover::NEXT_VERSION); built in its own target dir so the release build
+# of the workspace stays as it is.
+BENCH_NEXT_VERSION := 0.2.0-bench
+## bench: every DESIGN.md target measured on release builds beside a baseline from the same run (markdown table, also in target/bench/last-run.md; ~3 min). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
+bench: deps
+	$(CARGO) build --release --workspace --bins
+	FLEET_AGENT_VERSION=$(BENCH_NEXT_VERSION) $(CARGO) build --release -p fleet-agent --target-dir $(TARGET_DIR)/bench-next
+	OUT_DIR=$(TARGET_DIR)/bench/packages BIN_DIR=$(TARGET_DIR)/release scripts/package.sh deb device amd64
+	$(TARGET_DIR)/release/fleet-bench $(BENCH_ARGS)
+
+## bench-profiles: make bench, with the daemons also built at opt-level 3 (size baseline) and statically for x86_64 musl (memory), reported beside.
+# ring's C is built for musl with the host cc: it needs no libc headers.
+bench-profiles: deps
+	CARGO_PROFILE_RELEASE_OPT_LEVEL=3 $(CARGO) build --release -p fleet-agent -p fleet-updater --target-dir $(TARGET_DIR)/bench-o3
+	rustup target list --installed | grep -qx x86_64-unknown-linux-musl || rustup target add x86_64-unknown-linux-musl
+	CC_x86_64_unknown_linux_musl=cc $(CARGO) build --release -p fleet-agent -p fleet-updater --target x86_64-unknown-linux-musl --target-dir $(TARGET_DIR)/bench-musl
+	$(MAKE) bench
 
 ## release: release binaries of the agent, updater and fleetctl for ARCH.
 release:

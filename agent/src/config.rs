@@ -68,7 +68,8 @@ pub const DEFAULTS: &str = "\
   podman.pull-timeout-secs    300
   podman.command-timeout-secs 60
   intervals.heartbeat-secs    30
-  intervals.resync-secs       30  (live containers re-read)
+  intervals.resync-secs       30  (live containers checked: re-read when one's
+                              process changed, and in full every 10th interval)
   intervals.idle-heartbeat-secs 5 (JetStream consumer heartbeat; 3 missed = resubscribe)
   root                        \"/\" (prefix of every managed path)";
 

@@ -101,12 +101,66 @@ pub struct LiveContainer {
     pub spec_hash: Option<String>,
     /// Unix seconds; 0 when never started.
     pub started_at: i64,
+    /// The container's main process as the host sees it; 0 when none.
+    pub pid: u32,
 }
 
 impl LiveContainer {
     pub fn short_id(&self) -> String {
         self.id.chars().take(12).collect()
     }
+
+    /// The main process of a running or paused container, identified.
+    pub fn main_process(&self) -> Option<ProcessIdentity> {
+        match self.state {
+            LiveState::Running | LiveState::Paused if self.pid > 0 => ProcessIdentity::of(self.pid),
+            _ => None,
+        }
+    }
+}
+
+/// A process, told apart from a later one that reuses its pid by its start
+/// time (clock ticks after boot, field 22 of `/proc/<pid>/stat`). Checking
+/// one is a read of procfs, where asking Podman costs a process start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    pid: u32,
+    start_ticks: u64,
+}
+
+impl ProcessIdentity {
+    pub fn of(pid: u32) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let start_ticks = parse_start_ticks(&stat)?;
+        Some(Self { pid, start_ticks })
+    }
+
+    /// The same process still exists (a zombie counts as gone).
+    pub fn is_alive(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .filter(|stat| process_state(stat) != Some('Z'))
+            .and_then(|stat| parse_start_ticks(&stat))
+            == Some(self.start_ticks)
+    }
+}
+
+/// Fields of `/proc/<pid>/stat` after the command name, which may contain
+/// spaces and parentheses: index 0 is field 3 (state).
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(
+        stat.get(stat.rfind(')')? + 1..)?
+            .split_whitespace()
+            .collect(),
+    )
+}
+
+fn process_state(stat: &str) -> Option<char> {
+    stat_fields(stat)?.first()?.chars().next()
+}
+
+fn parse_start_ticks(stat: &str) -> Option<u64> {
+    stat_fields(stat)?.get(19)?.parse().ok()
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,6 +177,8 @@ struct PsEntry {
     labels: Option<BTreeMap<String, String>>,
     #[serde(default)]
     started_at: i64,
+    #[serde(default)]
+    pid: i64,
 }
 
 /// Keeps the entries of `ps --format json` that carry our managed-by label
@@ -152,6 +208,7 @@ pub fn parse_ps(json: &[u8], device: &DeviceId) -> Result<Vec<LiveContainer>, St
                 .and_then(|w| WorkloadName::parse(w).ok()),
             spec_hash: labels.get(LABEL_SPEC_HASH).cloned(),
             started_at: e.started_at,
+            pid: u32::try_from(e.pid).unwrap_or(0),
         });
     }
     Ok(out)
@@ -382,7 +439,7 @@ mod tests {
         let json = br#"[
           {"Id":"aaaaaaaaaaaaaaaa","Names":["fleet-web"],"State":"running","Image":"localhost/web:1",
            "Labels":{"io.harmony.fleet.managed-by":"fleet-agent","io.harmony.fleet.device":"dev1",
-                     "io.harmony.fleet.workload":"web","io.harmony.fleet.spec-hash":"abc"},"StartedAt":1795960941,
+                     "io.harmony.fleet.workload":"web","io.harmony.fleet.spec-hash":"abc"},"StartedAt":1795960941,"Pid":4242,
            "Command":["x"],"Exited":false},
           {"Id":"bbbb","Names":["fleet-db"],"State":"exited","Image":"db",
            "Labels":{"io.harmony.fleet.managed-by":"fleet-agent","io.harmony.fleet.device":"dev2",
@@ -401,6 +458,8 @@ mod tests {
         assert_eq!(live[0].workload.as_ref().map(|w| w.as_str()), Some("web"));
         assert_eq!(live[0].spec_hash.as_deref(), Some("abc"));
         assert_eq!(live[0].short_id(), "aaaaaaaaaaaa");
+        assert_eq!(live[0].pid, 4242);
+        assert_eq!(live[1].pid, 0);
         assert_eq!(live[1].state, LiveState::Down("created".into()));
         assert_eq!(
             live[1].workload, None,
@@ -408,6 +467,46 @@ mod tests {
         );
         assert!(parse_ps(b"[]", &dev()).expect("empty").is_empty());
         assert!(parse_ps(b"{", &dev()).is_err());
+    }
+
+    #[test]
+    fn a_process_is_known_by_its_pid_and_start_time() {
+        let stat = "4242 (sleep (x) y) S 1 4242 4242 0 -1 4194560 95 0 0 0 0 0 0 0 20 0 1 0 123456 2400000 200";
+        assert_eq!(parse_start_ticks(stat), Some(123456));
+        assert_eq!(process_state(stat), Some('S'));
+        assert_eq!(parse_start_ticks("4242 (x) S 1"), None);
+        let me = ProcessIdentity::of(std::process::id()).expect("this process");
+        assert!(me.is_alive());
+        let reused = ProcessIdentity {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        };
+        assert!(!reused.is_alive(), "another process with the same pid");
+        let mut child = std::process::Command::new("true").spawn().expect("true");
+        let pid = child.id();
+        let gone = ProcessIdentity::of(pid);
+        child.wait().expect("reaped");
+        if let Some(gone) = gone {
+            assert!(!gone.is_alive());
+        }
+        let running = LiveContainer {
+            id: "a".into(),
+            name: "fleet-web".into(),
+            state: LiveState::Running,
+            image: "img".into(),
+            workload: None,
+            spec_hash: None,
+            started_at: 0,
+            pid: std::process::id(),
+        };
+        assert_eq!(running.main_process(), Some(me));
+        let exited = LiveContainer {
+            state: LiveState::Down("exited".into()),
+            ..running.clone()
+        };
+        assert_eq!(exited.main_process(), None);
+        let no_pid = LiveContainer { pid: 0, ..running };
+        assert_eq!(no_pid.main_process(), None);
     }
 
     #[test]

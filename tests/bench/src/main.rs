@@ -1,0 +1,407 @@
+//! `fleet-bench` (`make bench`): measures every target of DESIGN.md
+//! ("Targets") on the release binaries, each beside a baseline measured in
+//! the same run, and prints one markdown table (also written to
+//! `<target>/bench/last-run.md`).
+//!
+//! Sections, in order (`--only` picks some):
+//! - `sizes`: stripped binary sizes ([`bins`]);
+//! - `device`: one agent with 20 workloads and one idle updater: memory,
+//!   idle CPU over a window, put → running ([`agent`], [`updater`]);
+//! - `download`: 100 MiB download + verify, and the updater's peak memory
+//!   ([`updater`]);
+//! - `fleet`: N simulated agents converging on one change ([`fleet`]);
+//! - `rollout`: `fleetctl rollout` over 10,000 devices ([`rollout`]);
+//! - `cutover`: the updater's cutover against `systemctl restart`, in a
+//!   booted Debian container ([`cutover`]).
+//!
+//! Every server and process is started here and stopped on exit, whatever
+//! way the run ends (guards); a missing tool panics naming its Debian
+//! package.
+
+mod agent;
+mod bins;
+mod cutover;
+mod fleet;
+mod notify;
+mod procfs;
+mod report;
+mod rollout;
+mod updater;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use fleet_harness::{NatsServer, NatsVersion, Podman, TestCa};
+
+use crate::agent::{share, AgentBench, DEVICE};
+use crate::report::{mib, Row, Table, Verdict};
+use crate::updater::{Artifact, UpdaterBench};
+
+const USAGE: &str = "fleet-bench: measures the DESIGN.md targets (run it with `make bench`)
+
+Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
+                   [--latency-runs N] [--fleet N,...] [--rollout N]
+                   [--cutover-runs N]
+
+Sections: sizes, device, download, fleet, rollout, cutover (default: all).
+Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
+          --rollout 10000 --cutover-runs 7
+";
+
+/// Every section, in the order they run.
+const SECTIONS: [&str; 6] = ["sizes", "device", "download", "fleet", "rollout", "cutover"];
+
+#[derive(Debug)]
+struct Args {
+    sections: Vec<String>,
+    cpu_window: Duration,
+    download_runs: usize,
+    latency_runs: usize,
+    fleet: Vec<usize>,
+    rollout: usize,
+    cutover_runs: usize,
+}
+
+impl Args {
+    fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
+        let mut a = Args {
+            sections: SECTIONS.iter().map(|s| (*s).to_owned()).collect(),
+            cpu_window: Duration::from_secs(60),
+            download_runs: 5,
+            latency_runs: 9,
+            fleet: vec![100, 1000],
+            rollout: 10_000,
+            cutover_runs: 7,
+        };
+        let mut args = args.peekable();
+        while let Some(arg) = args.next() {
+            let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
+            let number = |v: String| {
+                v.parse::<usize>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("{v:?} is not a positive number"))
+            };
+            match arg.as_str() {
+                "--only" => {
+                    a.sections = value()?.split(',').map(str::to_owned).collect();
+                    for s in &a.sections {
+                        if !SECTIONS.contains(&s.as_str()) {
+                            return Err(format!("unknown section {s:?}"));
+                        }
+                    }
+                }
+                "--cpu-secs" => a.cpu_window = Duration::from_secs(number(value()?)? as u64),
+                "--download-runs" => a.download_runs = number(value()?)?,
+                "--rollout" => a.rollout = number(value()?)?,
+                "--cutover-runs" => a.cutover_runs = number(value()?)?,
+                "--latency-runs" => a.latency_runs = number(value()?)?,
+                "--fleet" => {
+                    a.fleet = value()?
+                        .split(',')
+                        .map(|n| number(n.to_owned()))
+                        .collect::<Result<_, _>>()?
+                }
+                "--help" | "-h" => return Err(String::new()),
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(a)
+    }
+
+    fn has(&self, section: &str) -> bool {
+        self.sections.iter().any(|s| s == section)
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("fleet-bench: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let table = run(&args);
+    let md = table.render(&header());
+    println!("\n{md}");
+    let out = bins::target_dir().join("bench");
+    let path = out.join("last-run.md");
+    if let Err(e) = std::fs::create_dir_all(&out).and_then(|()| std::fs::write(&path, &md)) {
+        eprintln!("fleet-bench: writing {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
+    let measured = table
+        .rows()
+        .iter()
+        .filter(|r| matches!(r.verdict, Verdict::Pass | Verdict::Fail))
+        .count();
+    let met = table
+        .rows()
+        .iter()
+        .filter(|r| r.verdict == Verdict::Pass)
+        .count();
+    eprintln!(
+        "fleet-bench: {met} of {measured} measured targets met; written to {}",
+        path.display()
+    );
+    ExitCode::SUCCESS
+}
+
+fn run(args: &Args) -> Table {
+    let mut table = Table::default();
+    if args.has("sizes") {
+        for row in bins::size_rows() {
+            table.push(row);
+        }
+    }
+    if args.has("device") || args.has("download") {
+        let ca = TestCa::new();
+        let mut updater = UpdaterBench::start(&ca, &bins::release_bin("fleet-updater"));
+        if args.has("device") {
+            device_section(args, &mut table, &updater);
+        } else {
+            table.push(updater_idle_rss(&updater));
+        }
+        let mut musl = bins::musl_bin("fleet-updater").map(|bin| {
+            let other = UpdaterBench::start(&ca, &bin);
+            table.push(musl_idle_rss(&other, &updater, &bin));
+            other
+        });
+        if args.has("download") {
+            let artifact = Artifact::random();
+            for row in updater::download_rows(
+                &mut updater,
+                musl.as_mut(),
+                &ca,
+                &artifact,
+                args.download_runs,
+            ) {
+                table.push(row);
+            }
+        }
+    }
+    if args.has("fleet") {
+        for n in &args.fleet {
+            for row in fleet::fleet_rows(*n) {
+                table.push(row);
+            }
+        }
+    }
+    if args.has("rollout") {
+        for row in rollout::rollout_rows(args.rollout) {
+            table.push(row);
+        }
+    }
+    if args.has("cutover") {
+        for row in cutover::cutover_rows(args.cutover_runs) {
+            table.push(row);
+        }
+    }
+    table
+}
+
+/// One agent with 20 workloads and the idle updater, side by side.
+fn device_section(args: &Args, table: &mut Table, updater: &UpdaterBench) {
+    let nats = NatsServer::start_fleet(NatsVersion::V2_9, &[DEVICE]);
+    let podman = Podman::new();
+    let agent = AgentBench::start(&nats, &podman);
+    for row in agent.rss_rows() {
+        table.push(row);
+    }
+    table.push(updater_idle_rss(updater));
+    for row in idle_cpu_rows(args.cpu_window, &nats, &agent, updater, &podman) {
+        table.push(row);
+    }
+    for row in agent.put_to_running_rows(args.latency_runs) {
+        table.push(row);
+    }
+}
+
+/// The idle memory of the static musl updater beside the release build's.
+fn musl_idle_rss(musl: &UpdaterBench, release: &UpdaterBench, bin: &std::path::Path) -> Row {
+    let rss = procfs::rss(musl.pid());
+    let base = procfs::rss(release.pid());
+    let (anon, file) = procfs::rss_parts(musl.pid());
+    Row::new("updater RSS, idle, static musl build")
+        .ours(mib(rss))
+        .baseline(format!("{} (the release build above)", mib(base)))
+        .ratio(format!("{:.2}×", rss as f64 / base as f64))
+        .target("— (≤ 3 MiB)", Verdict::Info)
+        .note(format!(
+            "`make bench-profiles` also builds the daemons for {} (same profile, statically linked: no glibc or loader mapped): {} anonymous + {} file-backed; binary {}.",
+            bins::MUSL_TARGET,
+            mib(anon),
+            mib(file),
+            mib(std::fs::metadata(bin).map_or(0, |m| m.len()))
+        ))
+}
+
+fn updater_idle_rss(updater: &UpdaterBench) -> Row {
+    let rss = procfs::rss(updater.pid());
+    let (anon, file) = procfs::rss_parts(updater.pid());
+    let floor = agent::sleep_rss();
+    Row::new("updater RSS, idle")
+        .ours(mib(rss))
+        .baseline(format!("{} (idle `sleep`)", mib(floor)))
+        .ratio(format!("{:.1}×", rss as f64 / floor as f64))
+        .target("≤ 3 MiB", Verdict::from_ok(rss <= 3 * 1024 * 1024))
+        .note(format!(
+            "{} anonymous + {} file-backed: the mapped binary and glibc are resident whole once in the page cache (large folios), so the resident set is about the binary's size plus glibc's plus the heap.",
+            mib(anon),
+            mib(file)
+        ))
+}
+
+/// Idle CPU of the agent (20 workloads) and the updater over one window,
+/// beside the nats-server they talk to over the same window (an idle Go
+/// daemon serving this one device).
+fn idle_cpu_rows(
+    window: Duration,
+    nats: &NatsServer,
+    agent: &AgentBench<'_>,
+    updater: &UpdaterBench,
+    podman: &Podman,
+) -> Vec<Row> {
+    let nats_pid = fleet::server_pid(nats)
+        .unwrap_or_else(|| panic!("the bench's nats-server process was not found"));
+    eprintln!("bench: idle CPU window of {} s", window.as_secs());
+    let a0 = procfs::cpu(agent.pid());
+    let u0 = procfs::cpu(updater.pid());
+    let n0 = procfs::cpu(nats_pid);
+    let (as0, us0) = (
+        procfs::threads_cpu(agent.pid()),
+        procfs::threads_cpu(updater.pid()),
+    );
+    std::thread::sleep(window);
+    let a = procfs::cpu(agent.pid()).since(a0);
+    let u = procfs::cpu(updater.pid()).since(u0);
+    let a_ns = procfs::threads_cpu(agent.pid()).saturating_sub(as0);
+    let u_ns = procfs::threads_cpu(updater.pid()).saturating_sub(us0);
+    let n = procfs::cpu(nats_pid).since(n0);
+    let (a_own, a_all) = share(a, window);
+    let (_, u_all) = share(u, window);
+    let (_, n_all) = share(n, window);
+    let ps = podman_ps_cpu(podman);
+    let base = format!("{n_all:.3}% (nats-server, same window)");
+    let ratio = |v: f64| {
+        if n_all > 0.0 {
+            format!("{:.2}×", v / n_all)
+        } else {
+            "— (nats-server used no tick)".to_owned()
+        }
+    };
+    vec![
+        Row::new("idle CPU: agent, 20 workloads")
+            .ours(format!("{a_all:.3}% ({a_own:.3}% own, the rest podman calls)"))
+            .baseline(base.clone())
+            .ratio(ratio(a_all))
+            .target("≤ 0.1% of one core", Verdict::from_ok(a_all <= 0.1))
+            .note(format!(
+                "utime+stime of the agent and of its reaped children (every podman call) over {} s, from /proc/<pid>/stat (10 ms ticks): own {} ms, children {} ms; the scheduler's count for the agent's threads (ns) says {:.1} ms. One `podman ps` of the 20 containers costs {} ms of CPU here. Production intervals: heartbeat 30 s, resync 30 s.",
+                window.as_secs(),
+                a.own.as_millis(),
+                a.children.as_millis(),
+                a_ns.as_secs_f64() * 1e3,
+                ps.as_millis()
+            )),
+        Row::new("idle CPU: updater")
+            .ours(format!("{u_all:.3}%"))
+            .baseline(base)
+            .ratio(ratio(u_all))
+            .target("≤ 0.1% of one core", Verdict::from_ok(u_all <= 0.1))
+            .note(format!(
+                "Same window and method: {} ms in ticks; the scheduler's count for its threads says {:.1} ms.",
+                u.own.as_millis(),
+                u_ns.as_secs_f64() * 1e3
+            )),
+    ]
+}
+
+/// CPU (user + system) of one `podman ps` like the agent's resync, median
+/// of three.
+fn podman_ps_cpu(podman: &Podman) -> Duration {
+    let me = std::process::id();
+    let mut v: Vec<Duration> = (0..3)
+        .map(|_| {
+            let before = procfs::cpu(me).children;
+            podman.run(&[
+                "ps",
+                "--all",
+                "--filter",
+                "label=io.harmony.fleet.managed-by=fleet-agent",
+                "--format",
+                "json",
+            ]);
+            procfs::cpu(me).children.saturating_sub(before)
+        })
+        .collect();
+    v.sort();
+    v[1]
+}
+
+/// What the table was measured on.
+fn header() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(str::trim)
+        .unwrap_or("unknown CPU")
+        .to_owned();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let sha_ni = cpuinfo
+        .lines()
+        .any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "sha_ni"));
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or("?".to_owned(), |kib| {
+            format!("{:.0} GiB", kib as f64 / 1048576.0)
+        });
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "Run of {} on {model} ({cores} cores{}, shared with other work), {mem} RAM, Linux {}; release builds.",
+        fleet_common::Timestamp::now(),
+        if sha_ni { ", SHA-NI" } else { "" },
+        kernel.trim()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: &[&str]) -> Result<Args, String> {
+        Args::parse(v.iter().map(|s| (*s).to_owned()))
+    }
+
+    #[test]
+    fn arguments_select_sections_and_refuse_nonsense() {
+        let a =
+            parse(&["--only", "sizes,fleet", "--fleet", "10", "--cpu-secs", "5"]).expect("valid");
+        assert!(a.has("sizes") && a.has("fleet") && !a.has("device"));
+        assert_eq!(a.fleet, vec![10]);
+        assert_eq!(a.cpu_window, Duration::from_secs(5));
+        assert_eq!(
+            parse(&["--only", "sizes,gpu"]).expect_err("bad section"),
+            "unknown section \"gpu\""
+        );
+        assert_eq!(
+            parse(&["--fleet", "0"]).expect_err("zero"),
+            "\"0\" is not a positive number"
+        );
+        assert_eq!(
+            parse(&["--runs"]).expect_err("unknown"),
+            "unknown argument \"--runs\""
+        );
+    }
+}
