@@ -137,6 +137,10 @@ pub struct SocketServer {
 pub struct ServerHandle {
     join: Option<JoinHandle<()>>,
     shutdown: Arc<AtomicBool>,
+    /// The listening socket, shut down at stop to end the accept loop's
+    /// poll at once (`None` when it could not be duplicated: the loop then
+    /// sees the flag within [`ACCEPT_POLL_INTERVAL`]).
+    waker: Option<UnixListener>,
     path: PathBuf,
 }
 
@@ -201,6 +205,7 @@ impl SocketServer {
     pub fn spawn<H: Handler>(self, handler: Arc<H>) -> Result<ServerHandle, SocketError> {
         let shutdown = Arc::new(AtomicBool::new(false));
         let path = self.path.clone();
+        let waker = self.listener.try_clone().ok();
         let flag = Arc::clone(&shutdown);
         let join = std::thread::Builder::new()
             .name(format!("{}-accept", self.name))
@@ -209,6 +214,7 @@ impl SocketServer {
         Ok(ServerHandle {
             join: Some(join),
             shutdown,
+            waker,
             path,
         })
     }
@@ -270,6 +276,11 @@ impl ServerHandle {
 
     fn stop_inner(&mut self) {
         self.shutdown.store(true, Ordering::Relaxed);
+        if let Some(w) = self.waker.take() {
+            // A shut-down listener polls readable (Linux): the loop wakes,
+            // sees the flag and ends.
+            let _ = rustix::net::shutdown(&w, rustix::net::Shutdown::Both);
+        }
         if let Some(j) = self.join.take() {
             let _ = j.join();
         }

@@ -258,6 +258,13 @@ impl KvConsumer {
         &self.name
     }
 
+    /// Another handle on the deliver subscription: unsubscribing it ends a
+    /// [`next`](Self::next) waiting on another thread at once (the
+    /// watcher's stop, so a drain does not wait out the wait).
+    pub fn interrupter(&self) -> nats::Subscription {
+        self.sub.clone()
+    }
+
     /// Messages pending when the consumer was created; 0 means the snapshot
     /// is already complete (a device with no keys).
     pub fn initial_pending(&self) -> u64 {

@@ -131,6 +131,7 @@ pub struct WatchHandle {
     thread: JoinHandle<()>,
     name: String,
     pub status: Arc<WatchStatus>,
+    waiting: Arc<Waiting>,
 }
 
 impl WatchHandle {
@@ -140,8 +141,48 @@ impl WatchHandle {
     }
 
     /// [`join`](Self::join) within `timeout` (a caller with its own deadline).
+    /// The consumer's wait is ended at once, not waited out.
     pub fn join_within(self, timeout: Duration) {
+        self.waiting.close();
         threads::join_within(self.thread, timeout, &self.name);
+    }
+}
+
+/// The subscription the watcher thread waits on, so that the join can end
+/// the wait: a drain then takes milliseconds, not up to a [`TICK`].
+#[derive(Debug, Default)]
+struct Waiting(Mutex<WaitSlot>);
+
+#[derive(Debug, Default)]
+struct WaitSlot {
+    closed: bool,
+    sub: Option<nats::Subscription>,
+}
+
+impl Waiting {
+    /// The watcher waits on `sub` from now on; false once closed (stop).
+    fn set(&self, sub: nats::Subscription) -> bool {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.closed {
+            return false;
+        }
+        slot.sub = Some(sub);
+        true
+    }
+
+    /// Ends the current wait and every later one.
+    fn close(&self) {
+        let sub = {
+            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            slot.closed = true;
+            slot.sub.take()
+        };
+        if let Some(sub) = sub {
+            // Dropping the delivery channel's sender ends `next_timeout`.
+            if let Err(e) = sub.unsubscribe() {
+                log::debug!("unsubscribing a watcher's consumer: {e}");
+            }
+        }
     }
 }
 
@@ -160,16 +201,23 @@ impl Watcher {
         mut sink: impl FnMut(WatchEvent) -> bool + Send + 'static,
     ) -> io::Result<WatchHandle> {
         let status = Arc::new(WatchStatus::default());
-        let st = Arc::clone(&status);
-        let thread = threads::spawn(name, move || self.run(&st, &mut sink))?;
+        let waiting = Arc::new(Waiting::default());
+        let (st, w) = (Arc::clone(&status), Arc::clone(&waiting));
+        let thread = threads::spawn(name, move || self.run(&st, &w, &mut sink))?;
         Ok(WatchHandle {
             thread,
             name: name.to_owned(),
             status,
+            waiting,
         })
     }
 
-    fn run(&self, status: &WatchStatus, sink: &mut dyn FnMut(WatchEvent) -> bool) {
+    fn run(
+        &self,
+        status: &WatchStatus,
+        waiting: &Waiting,
+        sink: &mut dyn FnMut(WatchEvent) -> bool,
+    ) {
         let bucket = self.bucket;
         let mut delay = FIRST_RETRY_DELAY;
         loop {
@@ -199,6 +247,9 @@ impl Watcher {
                 }
             };
             delay = FIRST_RETRY_DELAY;
+            if !waiting.set(consumer.interrupter()) {
+                return;
+            }
             log::info!(bucket = bucket, consumer = consumer.name(); "consumer created, {} keys pending", consumer.initial_pending());
             match self.follow(consumer, generation, status, sink) {
                 Ended::Stop => return,
@@ -256,6 +307,7 @@ impl Watcher {
             let entry = match consumer.next(tick) {
                 Ok(Some(e)) => e,
                 Ok(None) => continue,
+                Err(_) if self.shutdown.is_requested() => return Ended::Stop,
                 Err(e) => return Ended::Restart(e.to_string()),
             };
             let event = match entry.op {
