@@ -131,6 +131,22 @@ pub fn root_store(trust: Trust<'_>) -> Result<rustls::RootCertStore, TlsSetupErr
     Ok(roots)
 }
 
+/// Checks `trust` cheaply, without keeping anything: a CA file must hold
+/// usable certificates; without one, the system bundle must be there. A
+/// daemon that builds its client only when it needs one (the updater, idle
+/// almost always) still refuses a bad CA file at start.
+pub fn check_trust(trust: Trust<'_>) -> Result<(), TlsSetupError> {
+    match trust {
+        Trust::Only(path) | Trust::System { extra: Some(path) } => {
+            add_pem_file(&mut rustls::RootCertStore::empty(), path)
+        }
+        Trust::System { extra: None } => match std::fs::metadata(SYSTEM_CA_BUNDLE) {
+            Ok(m) if m.len() > 0 => Ok(()),
+            _ => Err(TlsSetupError::NoTrustAnchors),
+        },
+    }
+}
+
 /// A rustls client config (ring provider, safe default versions) on `trust`.
 pub fn client_config(trust: Trust<'_>) -> Result<Arc<rustls::ClientConfig>, TlsSetupError> {
     let roots = root_store(trust)?;
@@ -154,10 +170,81 @@ pub struct ClientSettings {
     pub user_agent: &'static str,
 }
 
+/// ureq's TLS on our rustls config. ureq is built without its `tls`
+/// feature: that one compiles in webpki-roots (Mozilla's roots, ~250 KiB of
+/// every binary) and builds a client config on them for every agent, though
+/// we never trust them — our anchors are the system's or a CA file's.
+#[derive(Debug)]
+struct RustlsConnector(Arc<rustls::ClientConfig>);
+
+impl ureq::TlsConnector for RustlsConnector {
+    fn connect(
+        &self,
+        dns_name: &str,
+        mut io: Box<dyn ureq::ReadWrite>,
+    ) -> Result<Box<dyn ureq::ReadWrite>, ureq::Error> {
+        // An IPv6 literal comes bracketed from the URL.
+        let name = dns_name
+            .strip_prefix('[')
+            .and_then(|n| n.strip_suffix(']'))
+            .unwrap_or(dns_name);
+        // ureq lets a connector build its errors from I/O errors only.
+        let server = rustls_pki_types::ServerName::try_from(name.to_owned()).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name:?} is not a TLS server name: {e}"),
+            )
+        })?;
+        let mut conn = rustls::ClientConnection::new(Arc::clone(&self.0), server)
+            .map_err(|e| io::Error::other(format!("TLS session setup failed: {e}")))?;
+        // The handshake here, so that its failure (an untrusted
+        // certificate, say) is reported as such, not as a failed read.
+        conn.complete_io(&mut io).map_err(|e| {
+            io::Error::new(e.kind(), format!("TLS handshake with {name} failed: {e}"))
+        })?;
+        Ok(Box::new(TlsStream(rustls::StreamOwned::new(conn, io))))
+    }
+}
+
+/// One TLS connection for ureq.
+struct TlsStream(rustls::StreamOwned<rustls::ClientConnection, Box<dyn ureq::ReadWrite>>);
+
+impl fmt::Debug for TlsStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("TlsStream").finish()
+    }
+}
+
+impl ureq::ReadWrite for TlsStream {
+    fn socket(&self) -> Option<&std::net::TcpStream> {
+        self.0.get_ref().socket()
+    }
+}
+
+impl Read for TlsStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl io::Write for TlsStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// A ureq agent builder whose TLS is `config` (nothing else set).
+pub fn agent_builder(config: Arc<rustls::ClientConfig>) -> ureq::AgentBuilder {
+    ureq::AgentBuilder::new().tls_connector(Arc::new(RustlsConnector(config)))
+}
+
 /// A ureq agent: HTTPS only, no redirects, bounded by `settings`, on `trust`.
 pub fn agent(trust: Trust<'_>, settings: ClientSettings) -> Result<ureq::Agent, TlsSetupError> {
-    Ok(ureq::AgentBuilder::new()
-        .tls_config(client_config(trust)?)
+    Ok(agent_builder(client_config(trust)?)
         .https_only(true)
         .redirects(0)
         .timeout_connect(settings.connect)

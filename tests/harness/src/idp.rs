@@ -265,8 +265,7 @@ impl Idp {
     /// the test CA, Basic authentication); the access token, or the
     /// status and body of a refusal.
     pub fn fetch_token(&self, id: &str, secret: &str) -> Result<String, (u16, String)> {
-        let agent = ureq::AgentBuilder::new()
-            .tls_config(self.ca.client_config())
+        let agent = fleet_common::https::agent_builder(self.ca.client_config())
             .timeout(Duration::from_secs(10))
             .build();
         let basic = encode_std(format!("{}:{}", form_encode(id), form_encode(secret)).as_bytes());

@@ -197,8 +197,7 @@ http:
 
 /// A client trusting only the test CA, redirects off.
 fn client(ca: &TestCa) -> ureq::Agent {
-    ureq::AgentBuilder::new()
-        .tls_config(ca.client_config())
+    fleet_common::https::agent_builder(ca.client_config())
         .redirects(0)
         .timeout(CLIENT_TIMEOUT)
         .build()

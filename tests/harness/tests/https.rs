@@ -11,8 +11,7 @@ use fleet_harness::{
 use sha2::{Digest, Sha256};
 
 fn agent(ca: &TestCa) -> ureq::Agent {
-    ureq::AgentBuilder::new()
-        .tls_config(ca.client_config())
+    fleet_common::https::agent_builder(ca.client_config())
         .redirects(0)
         .timeout(Duration::from_secs(10))
         .build()
@@ -270,8 +269,7 @@ fn stalls_hold_the_connection_until_the_server_drops() {
     let server = HttpsServer::start(&ca);
     server.route("/stall", Behavior::Stall);
     server.route("/silent", Behavior::StallBeforeHeaders);
-    let slow = ureq::AgentBuilder::new()
-        .tls_config(ca.client_config())
+    let slow = fleet_common::https::agent_builder(ca.client_config())
         .timeout_read(Duration::from_millis(300))
         .build();
 
@@ -295,8 +293,7 @@ fn stalls_hold_the_connection_until_the_server_drops() {
     assert_eq!(server.requests().len(), 2, "both requests were read");
 
     // A held connection is released by the drop: the client sees the close.
-    let patient = ureq::AgentBuilder::new()
-        .tls_config(ca.client_config())
+    let patient = fleet_common::https::agent_builder(ca.client_config())
         .timeout(Duration::from_secs(20))
         .build();
     let url = server.url("/silent");

@@ -9,8 +9,7 @@ use fleet_common::validate::Sha256Hex;
 use fleet_harness::{FrontAuth, Registry, RegistryFront, TestCa, FRONT_SERVICE};
 
 fn agent(ca: &TestCa) -> ureq::Agent {
-    ureq::AgentBuilder::new()
-        .tls_config(ca.client_config())
+    fleet_common::https::agent_builder(ca.client_config())
         .redirects(0)
         .timeout(Duration::from_secs(10))
         .build()
