@@ -42,6 +42,7 @@ use fleet_common::Timestamp;
 use crate::api::{self, AgentApi};
 use crate::config::{Config, ConfigError, PodmanMode};
 use crate::desired;
+use crate::disabled::DisabledReporter;
 use crate::freeze::{AgentUpgrades, FreezeControl, Upgrades, UPDATER_STATUS_TIMEOUT};
 use crate::gate::{ClosedBy, MutationGate};
 use crate::lock::{AgentLock, LockError};
@@ -339,13 +340,27 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     };
     let watcher = {
         let to_reconciler = reconciler.as_ref().map(|r| r.sender());
+        // Without Podman, the desired state is reported, never run.
+        let mut disabled = match &to_reconciler {
+            Some(_) => None,
+            None => {
+                let to_status = status.sender();
+                Some(DisabledReporter::new(Box::new(move |report| {
+                    let _ = to_status.send(StatusMsg::Workloads(report));
+                })))
+            }
+        };
         desired::spawn(
             Arc::clone(&nats),
             config.intervals.idle_heartbeat,
             Arc::clone(&shutdown),
-            move |change| match &to_reconciler {
-                Some(tx) => tx.send(ReconcilerMsg::Desired(change)).is_ok(),
-                None => true,
+            move |change| match (&to_reconciler, &mut disabled) {
+                (Some(tx), _) => tx.send(ReconcilerMsg::Desired(change)).is_ok(),
+                (None, Some(d)) => {
+                    d.apply(change);
+                    true
+                }
+                (None, None) => true,
             },
         )
         .map_err(thread_err("agent-desired"))?

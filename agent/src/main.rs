@@ -8,6 +8,7 @@ mod api;
 mod config;
 mod daemon;
 mod desired;
+mod disabled;
 mod freeze;
 mod gate;
 mod lock;

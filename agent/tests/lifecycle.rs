@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use fleet_common::contracts::{Heartbeat, WorkloadSpec};
+use fleet_common::contracts::{Heartbeat, WorkloadSpec, WorkloadState, WorkloadsReport};
 use fleet_harness::{poll_until, NatsServer, NatsVersion, Podman};
 use rustix::process::Signal;
 
@@ -205,4 +205,41 @@ fn bad_config_exits_10_naming_the_key() {
         "{}",
         agent.log()
     );
+}
+
+/// With Podman disabled nothing is run, but every desired workload is
+/// reported `pending` with the reason, so the operator sees the device read
+/// the change; a deleted one leaves the report.
+#[test]
+fn podman_disabled_reports_desired_workloads_as_not_run() {
+    let nats = NatsServer::start_fleet(NatsVersion::V2_9, &["dev1"]);
+    let admin = nats.admin();
+    let settings = Settings {
+        podman: false,
+        ..Settings::new(vec![nats.url()])
+    };
+    let dev = Device::new("dev1", &settings, None);
+    let _agent = dev.start(None);
+    let spec = r#"{"image":"localhost/fleet-test/sleeper:1"}"#;
+    put_workload(&admin, "dev1", "web", spec);
+    let hash = WorkloadSpec::from_json(spec.as_bytes())
+        .expect("spec")
+        .spec_hash();
+    let report = poll_until("web reported", CONVERGE, || {
+        status::<WorkloadsReport>(&admin, "dev1", "workloads")
+            .filter(|r| r.workloads.keys().any(|w| w.as_str() == "web"))
+    });
+    let web = report.workloads.values().next().expect("web");
+    assert_eq!(web.state, WorkloadState::Pending);
+    assert_eq!(web.spec_hash, hash);
+    assert!(
+        web.last_error
+            .as_ref()
+            .is_some_and(|e| e.as_str().contains("Podman is disabled")),
+        "{web:?}"
+    );
+    delete_workload(&admin, "dev1", "web");
+    poll_until("web gone from the report", CONVERGE, || {
+        status::<WorkloadsReport>(&admin, "dev1", "workloads").filter(|r| r.workloads.is_empty())
+    });
 }

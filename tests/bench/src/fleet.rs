@@ -6,15 +6,17 @@
 //! The change: desired-state keys exist only per device
 //! (`<device>.<workload>`), so one fleet-wide change is N puts, one per
 //! device, pipelined by the admin (every put published before any ack is
-//! awaited). Converged: every device's desired-state consumer has delivered
-//! its put (`delivered.stream_seq` ≥ the put's sequence, read from the
-//! server's consumer list). With Podman disabled the agent has no runtime
-//! to apply the workload to and reports nothing about it, so delivery to
-//! each agent is the last step that can be observed; see the row's note.
+//! awaited). Converged: every agent has published its `<device>.workloads`
+//! report (a KV put the agent has JetStream acknowledge) naming the new workload with
+//! the put's spec hash (with Podman disabled the agent reports a desired
+//! workload `pending`, "not run: Podman is disabled"), seen by the admin on
+//! the status subjects.
 //! Baseline, same run: the time for the same N puts to be acknowledged
 //! (nothing can converge before the change is stored).
 
-use std::collections::HashMap;
+use std::collections::HashSet;
+
+use fleet_common::contracts::{WorkloadSpec, WorkloadsReport};
 use std::fs::File;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -31,10 +33,9 @@ use crate::report::{mib, Row, Verdict};
 const START_TIMEOUT: Duration = Duration::from_secs(600);
 /// Acks of the N puts, and convergence.
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(120);
-/// One JetStream API request.
-const API_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the consumer list is read while converging.
-const POLL: Duration = Duration::from_millis(20);
+/// The workload every device is given.
+const WORKLOAD: &str = "web";
+const SPEC: &str = r#"{"image":"localhost/fleet-bench/app:2","command":["sleep","1000"]}"#;
 
 /// The agents of one fleet; SIGKILLed and reaped on drop.
 #[derive(Debug)]
@@ -145,8 +146,11 @@ pub fn fleet_rows(n: usize) -> Vec<Row> {
     let server_rss = server_pid(&server).map(procfs::rss);
 
     let admin = server.admin();
-    let (acked, seqs) = put_all(&admin, &ids);
-    let converged = wait_converged(&admin, &ids, &seqs, acked.0);
+    let reports = admin
+        .subscribe("$KV.fleet-status.*.workloads")
+        .unwrap_or_else(|e| panic!("subscribing to the workload reports: {e}"));
+    let (acked, _) = put_all(&admin, &ids);
+    let converged = wait_converged(&reports, &ids, acked.0);
     let live = agents.live();
     assert_eq!(
         live,
@@ -171,7 +175,7 @@ pub fn fleet_rows(n: usize) -> Vec<Row> {
             if judged { Verdict::from_ok(target_ok) } else { Verdict::Info },
         )
         .note(format!(
-            "{n} release agents (Podman disabled) on one nats-server 2.9; all ready {:.1} s after the first spawn; mean agent RSS {}, nats-server RSS {}. Change: one put per device, pipelined; converged = every device's desired-state consumer has delivered its put (server-side consumer list). With `podman.enabled: false` the agent starts no reconciler and reports nothing for a desired workload, so the agent's own report cannot be the end point yet.",
+            "{n} release agents (Podman disabled) on one nats-server 2.9; all ready {:.1} s after the first spawn; mean agent RSS {}, nats-server RSS {}. Change: one put per device, pipelined; converged = every agent has published its `<device>.workloads` report (a KV put it has JetStream acknowledge) naming the new workload with the put's spec hash (Podman disabled: reported `pending`, not run).",
             ready_in.as_secs_f64(),
             mib(mean_rss),
             server_rss.map_or("?".to_owned(), mib),
@@ -202,12 +206,12 @@ pub fn server_pid(server: &NatsServer) -> Option<u32> {
 /// read. Returns (the instant the first was published, the time until the
 /// last ack) and each device's stream sequence.
 fn put_all(admin: &nats::Connection, ids: &[String]) -> ((Instant, Duration), Vec<u64>) {
-    let spec = r#"{"image":"localhost/fleet-bench/app:2","command":["sleep","1000"]}"#;
+    let spec = SPEC;
     let puts: Vec<(String, Vec<u8>)> = ids
         .iter()
         .map(|id| {
             (
-                format!("$KV.fleet-desired.{id}.web"),
+                format!("$KV.fleet-desired.{id}.{WORKLOAD}"),
                 spec.as_bytes().to_vec(),
             )
         })
@@ -259,68 +263,41 @@ pub fn pipelined_puts(
     ((started, started.elapsed()), seqs)
 }
 
-/// Polls the `KV_fleet-desired` consumer list until every device's consumer
-/// delivered its sequence; returns the time since `started`.
-fn wait_converged(
-    admin: &nats::Connection,
-    ids: &[String],
-    seqs: &[u64],
-    started: Instant,
-) -> Duration {
-    let want: HashMap<&str, u64> = ids
-        .iter()
-        .map(String::as_str)
-        .zip(seqs.iter().copied())
-        .collect();
+/// Reads the devices' workload reports until every device has reported
+/// [`WORKLOAD`] with the spec hash of [`SPEC`]; returns the time since
+/// `started`.
+fn wait_converged(reports: &nats::Subscription, ids: &[String], started: Instant) -> Duration {
+    let hash = WorkloadSpec::from_json(SPEC.as_bytes())
+        .unwrap_or_else(|e| panic!("the bench's spec: {e}"))
+        .spec_hash();
+    let mut pending: HashSet<&str> = ids.iter().map(String::as_str).collect();
     let deadline = started + CONVERGE_TIMEOUT;
-    loop {
-        let delivered = delivered_by_device(admin);
-        let pending = want
-            .iter()
-            .filter(|(id, seq)| delivered.get(**id).map_or(true, |d| d < *seq))
-            .count();
-        if pending == 0 {
-            return started.elapsed();
-        }
-        if Instant::now() >= deadline {
+    while !pending.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let m = reports.next_timeout(left).unwrap_or_else(|e| {
             panic!(
-                "{pending} of {} devices not delivered within {CONVERGE_TIMEOUT:?}",
+                "{} of {} devices did not report the change within {CONVERGE_TIMEOUT:?}: {e}",
+                pending.len(),
                 ids.len()
-            );
-        }
-        std::thread::sleep(POLL);
-    }
-}
-
-/// The highest delivered stream sequence per device, over every consumer
-/// of `KV_fleet-desired` (a device's filter is `$KV.fleet-desired.<id>.>`).
-fn delivered_by_device(admin: &nats::Connection) -> HashMap<String, u64> {
-    let mut out: HashMap<String, u64> = HashMap::new();
-    let mut offset = 0u64;
-    loop {
-        let body = serde_json::json!({ "offset": offset }).to_string();
-        let reply = admin
-            .request_timeout("$JS.API.CONSUMER.LIST.KV_fleet-desired", body, API_TIMEOUT)
-            .unwrap_or_else(|e| panic!("consumer list: {e}"));
-        let v: serde_json::Value = serde_json::from_slice(&reply.data)
-            .unwrap_or_else(|e| panic!("consumer list is not JSON ({e})"));
-        let consumers = v["consumers"].as_array().cloned().unwrap_or_default();
-        for c in &consumers {
-            let filter = c["config"]["filter_subject"].as_str().unwrap_or_default();
-            let Some(id) = filter
-                .strip_prefix("$KV.fleet-desired.")
-                .and_then(|f| f.strip_suffix(".>"))
-            else {
-                continue;
-            };
-            let seq = c["delivered"]["stream_seq"].as_u64().unwrap_or(0);
-            let e = out.entry(id.to_owned()).or_insert(0);
-            *e = (*e).max(seq);
-        }
-        offset += consumers.len() as u64;
-        let total = v["total"].as_u64().unwrap_or(0);
-        if consumers.is_empty() || offset >= total {
-            return out;
+            )
+        });
+        let Some(id) = m
+            .subject
+            .strip_prefix("$KV.fleet-status.")
+            .and_then(|s| s.strip_suffix(".workloads"))
+        else {
+            continue;
+        };
+        let Ok(report) = serde_json::from_slice::<WorkloadsReport>(&m.data) else {
+            panic!("{id}: a workloads report that is not one: {:?}", m.data);
+        };
+        if report
+            .workloads
+            .iter()
+            .any(|(w, s)| w.as_str() == WORKLOAD && s.spec_hash == hash)
+        {
+            pending.remove(id);
         }
     }
+    started.elapsed()
 }
