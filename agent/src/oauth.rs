@@ -24,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use fleet_common::b64::encode_std;
-use fleet_common::https::{self, BodyError, ClientSettings, Trust};
+use fleet_common::https::{self, ClientSettings, ExchangeError, Trust};
 use fleet_common::limits::{
     IDP_CONNECT_TIMEOUT, IDP_REQUEST_TIMEOUT, MAX_BEARER_JWT_BYTES, MAX_OAUTH_TOKEN_RESPONSE_BYTES,
 };
@@ -70,33 +70,14 @@ impl AccessToken {
 pub enum HttpsError {
     /// The trust store (the CA file, or the system bundle) could not be built.
     Setup(https::TlsSetupError),
-    /// Connect, TLS handshake, timeout or protocol failure.
-    Request {
-        url: String,
-        detail: String,
-    },
-    TooLarge {
-        url: String,
-        limit: u64,
-    },
-    Read {
-        url: String,
-        source: std::io::Error,
-    },
+    Exchange(ExchangeError),
 }
 
 impl fmt::Display for HttpsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Setup(e) => write!(f, "{e} (nats.auth.ca-file)"),
-            Self::Request { url, detail } => write!(
-                f,
-                "request to {url} failed: {detail}; check the URL, the network and the CA"
-            ),
-            Self::TooLarge { url, limit } => {
-                write!(f, "{url} answered more than {limit} bytes")
-            }
-            Self::Read { url, source } => write!(f, "reading the answer of {url} failed: {source}"),
+            Self::Exchange(e) => e.fmt(f),
         }
     }
 }
@@ -218,24 +199,10 @@ fn post_form(
     let response = match request.send_form(form) {
         Ok(r) => r,
         Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => {
-            return Err(HttpsError::Request {
-                url: url.to_owned(),
-                detail: e.to_string(),
-            })
-        }
+        Err(e) => return Err(HttpsError::Exchange(ExchangeError::request(url, &e))),
     };
     let status = response.status();
-    let body = https::read_body(response, limit).map_err(|e| match e {
-        BodyError::TooLarge { limit } => HttpsError::TooLarge {
-            url: url.to_owned(),
-            limit,
-        },
-        BodyError::Read(source) => HttpsError::Read {
-            url: url.to_owned(),
-            source,
-        },
-    })?;
+    let body = https::read_body_of(url, response, limit).map_err(HttpsError::Exchange)?;
     Ok((status, body))
 }
 
@@ -635,7 +602,10 @@ mod tests {
             let untrusted = TokenClient::new(credentials(&url, ca)).expect("client");
             let err = untrusted.fetch(Instant::now()).expect_err("untrusted");
             assert!(
-                matches!(err, TokenError::Https(HttpsError::Request { .. })),
+                matches!(
+                    err,
+                    TokenError::Https(HttpsError::Exchange(ExchangeError::Request { .. }))
+                ),
                 "{err}"
             );
         }

@@ -383,6 +383,7 @@ impl JwksCache {
 mod tests {
     use super::*;
     use fleet_common::b64::encode_url;
+    use fleet_common::https::ExchangeError;
     use serde_json::json;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -463,14 +464,12 @@ mod tests {
     impl JwksSource for Arc<Served> {
         fn fetch(&self) -> Result<Vec<u8>, HttpsError> {
             self.fetches.fetch_add(1, Ordering::SeqCst);
-            self.body
-                .lock()
-                .expect("lock")
-                .clone()
-                .map_err(|detail| HttpsError::Request {
+            self.body.lock().expect("lock").clone().map_err(|detail| {
+                HttpsError::Exchange(ExchangeError::Request {
                     url: "test".into(),
                     detail,
                 })
+            })
         }
         fn location(&self) -> &str {
             "test"

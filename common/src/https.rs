@@ -253,6 +253,71 @@ pub fn agent(trust: Trust<'_>, settings: ClientSettings) -> Result<ureq::Agent, 
         .build())
 }
 
+/// Why one HTTPS exchange failed once the client was built; each names the
+/// URL. Callers wrap it in their own error with what they add (the config
+/// key of their CA file, the statuses they refuse).
+#[derive(Debug)]
+pub enum ExchangeError {
+    /// Connect, TLS handshake, timeout or protocol failure.
+    Request {
+        url: String,
+        detail: String,
+    },
+    TooLarge {
+        url: String,
+        limit: u64,
+    },
+    Read {
+        url: String,
+        source: io::Error,
+    },
+}
+
+impl ExchangeError {
+    /// A request to `url` that got no HTTP answer.
+    pub fn request(url: &str, e: &ureq::Error) -> Self {
+        Self::Request {
+            url: url.to_owned(),
+            detail: e.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for ExchangeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Request { url, detail } => write!(
+                f,
+                "request to {url} failed: {detail}; check the URL, the network and the CA"
+            ),
+            Self::TooLarge { url, limit } => {
+                write!(f, "{url} answered more than {limit} bytes")
+            }
+            Self::Read { url, source } => write!(f, "reading the answer of {url} failed: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for ExchangeError {}
+
+/// [`read_body`] of the answer of `url`, failures naming it.
+pub fn read_body_of(
+    url: &str,
+    response: ureq::Response,
+    limit: u64,
+) -> Result<Vec<u8>, ExchangeError> {
+    read_body(response, limit).map_err(|e| match e {
+        BodyError::TooLarge { limit } => ExchangeError::TooLarge {
+            url: url.to_owned(),
+            limit,
+        },
+        BodyError::Read(source) => ExchangeError::Read {
+            url: url.to_owned(),
+            source,
+        },
+    })
+}
+
 /// A body that could not be read whole.
 #[derive(Debug)]
 pub enum BodyError {
