@@ -14,6 +14,8 @@ use rustix::process::{kill_process, kill_process_group, Pid, Signal};
 
 /// How often [`ChildGuard::wait_exit`] checks whether the child has exited.
 const EXIT_POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// How long a reaped child's output may take to reach EOF (see `wait_exit`).
+const OUTPUT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Default)]
 struct Log {
@@ -172,6 +174,10 @@ impl ChildGuard {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.try_wait() {
+                // The readers may not have read the last lines yet (a
+                // loaded machine): wait for both pipes' EOF, bounded, as a
+                // process the child left behind may hold them open.
+                self.wait_output_closed(OUTPUT_DRAIN_TIMEOUT);
                 return status;
             }
             if Instant::now() >= deadline {
@@ -182,6 +188,24 @@ impl ChildGuard {
                 );
             }
             thread::sleep(EXIT_POLL_INTERVAL);
+        }
+    }
+
+    /// Waits until both output pipes reached EOF, or `timeout`.
+    fn wait_output_closed(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut log = self.shared.lock();
+        while log.open_pipes > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            log = self
+                .shared
+                .changed
+                .wait_timeout(log, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
