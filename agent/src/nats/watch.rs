@@ -170,6 +170,13 @@ impl Waiting {
         true
     }
 
+    /// The watcher no longer waits on the last subscription: drops the
+    /// handle kept on it, so the consumer's own drop unsubscribes it.
+    fn clear(&self) {
+        let sub = self.0.lock().unwrap_or_else(|p| p.into_inner()).sub.take();
+        drop(sub);
+    }
+
     /// Ends the current wait and every later one.
     fn close(&self) {
         let sub = {
@@ -251,7 +258,9 @@ impl Watcher {
                 return;
             }
             log::info!(bucket = bucket, consumer = consumer.name(); "consumer created, {} keys pending", consumer.initial_pending());
-            match self.follow(consumer, generation, status, sink) {
+            let ended = self.follow(consumer, generation, status, sink);
+            waiting.clear();
+            match ended {
                 Ended::Stop => return,
                 Ended::Restart(why) => {
                     log::warn!(bucket = bucket; "{why}; creating a new consumer and reading a new snapshot");
