@@ -182,8 +182,9 @@ pub fn render(rows: &[Row], footer: &str) -> String {
         s,
         "Fault matrix under systemd (tests/e2e-systemd): the updater stopped at each fault point, then killed \
          (SIGKILL; systemd restarts it) or the whole device killed and booted again (power loss). \
-         Journal: phase at the kill → after recovery; link: the active link; agent: the version systemd runs \
-         (the only agent process); NATS: <device>.upgrade for the attempt."
+         Journal: phase at the kill → after recovery; link: the active link (the device's previous agent or the attempt's \
+         target, with its version: a device's previous version is what its earlier rows left); agent: the \
+         version systemd runs (the only agent process); NATS: <device>.upgrade for the attempt."
     );
     let _ = writeln!(s);
     let _ = writeln!(

@@ -172,10 +172,11 @@ fn run_row(w: &Worker, point: FaultPoint, mode: Mode) -> Outcome {
     let tx = d.wait_journal_terminal(uuid, SETTLE);
     outcome.after = Some((tx.phase, tx.reason));
     let link = d.link();
+    // Each device's previous version depends on the rows it ran before.
     outcome.link = if link == previous_bin {
-        "previous".to_owned()
+        format!("previous ({previous})")
     } else if link == target_bin {
-        "target".to_owned()
+        format!("target ({})", release.version)
     } else {
         link.clone()
     };
