@@ -298,12 +298,14 @@ fn a_frozen_agent_holds_changes_restores_locally_survives_a_kill_and_applies_aft
     assert_eq!(again.spec_hash.as_deref(), Some(hash_of(&web_v1).as_str()));
 
     // Local images only: cam's image gone, cam is not restored and says why.
-    podman.run(&["rm", "-f", "-t", "0", "fleet-cam"]);
+    // The tag goes first: removed first, the container could be restored
+    // from the still-tagged image before the untag (seen in CI).
     podman.run(&[
         "untag",
         "localhost/fleet-test/cam:1",
         "localhost/fleet-test/cam:1",
     ]);
+    podman.run(&["rm", "-f", "-t", "0", "fleet-cam"]);
     let r = poll_until("cam's restore refused", CONVERGE, || {
         status::<WorkloadsReport>(&admin, "dev1", "workloads").filter(|r| {
             r.workloads.iter().any(|(w, s)| {
