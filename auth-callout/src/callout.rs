@@ -16,6 +16,7 @@ use std::fmt;
 use std::time::Instant;
 
 use fleet_common::callout::{AuthRequestClaims, AuthResponseClaims, UserClaims};
+use fleet_common::subjects::DeviceProtocols;
 use fleet_common::validate::DeviceId;
 
 use crate::jwks::JwksCache;
@@ -164,6 +165,7 @@ impl Callout {
                     &issuer,
                     now_unix,
                     *expires,
+                    DeviceProtocols::WithLegacy,
                 );
                 natsjwt::encode(user, &self.signer).and_then(|user_jwt| {
                     natsjwt::encode(
@@ -213,7 +215,7 @@ mod tests {
     use crate::jwt::tests::{claims, keys, policy, sign_rs256, NOW};
     use crate::natsjwt::tests::{request_claims, signed_request};
     use fleet_common::b64::decode_url;
-    use fleet_common::subjects::device_permissions;
+    use fleet_common::subjects::{device_permissions, DeviceProtocols};
     use serde_json::{json, Value};
     use std::time::Duration;
 
@@ -286,7 +288,7 @@ mod tests {
         );
         assert!(resp["nats"]["error"].is_null());
         let user = payload(resp["nats"]["jwt"].as_str().expect("user jwt"));
-        let p = device_permissions(&device);
+        let p = device_permissions(&device, DeviceProtocols::WithLegacy);
         assert_eq!(user["aud"], "DEVICES");
         assert_eq!(
             user["name"], "dev-a",

@@ -262,7 +262,14 @@ pub(crate) mod tests {
         let signer = AccountSigner::from_seed(&seed).expect("signer");
         let user = nkeys::KeyPair::new_user().public_key();
         let d = DeviceId::parse("dev-7").expect("valid");
-        let claims = UserClaims::for_device(&d, &user, &signer.public_key().encode(), 10, 20);
+        let claims = UserClaims::for_device(
+            &d,
+            &user,
+            &signer.public_key().encode(),
+            10,
+            20,
+            fleet_common::subjects::DeviceProtocols::WithLegacy,
+        );
         let token = encode(claims.clone(), &signer).expect("encodes");
         let (header, payload) = parts(&token);
         assert_eq!(header, json!({"typ": "JWT", "alg": "ed25519-nkey"}));

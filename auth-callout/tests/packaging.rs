@@ -25,6 +25,7 @@ fn example() -> String {
         callout_password: "CHANGE-ME-auth-callout".to_owned(),
         issuer: PublicNkey::parse_kind(EXAMPLE_ISSUER, NkeyKind::Account).expect("account key"),
         cluster: None,
+        protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
     });
     format!(
         "# Example of the auth callout layout (nats-server 2.10 or later). Generate\n\

@@ -13,7 +13,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::subjects::{device_permissions, ACCOUNT_DEVICES};
+use crate::subjects::{device_permissions, DeviceProtocols, ACCOUNT_DEVICES};
 use crate::validate::DeviceId;
 
 /// `typ` of every NATS JWT.
@@ -279,8 +279,9 @@ impl UserClaims {
         issuer: &str,
         iat: i64,
         exp: i64,
+        protocols: DeviceProtocols,
     ) -> Self {
-        let p = device_permissions(device);
+        let p = device_permissions(device, protocols);
         Self {
             aud: ACCOUNT_DEVICES.to_owned(),
             exp,
@@ -350,8 +351,15 @@ mod tests {
     #[test]
     fn user_claims_carry_exactly_the_device_template() {
         let d = DeviceId::parse("dev1").expect("valid");
-        let u = UserClaims::for_device(&d, "UUSER", "AISSUER", 100, 200);
-        let p = device_permissions(&d);
+        let u = UserClaims::for_device(
+            &d,
+            "UUSER",
+            "AISSUER",
+            100,
+            200,
+            DeviceProtocols::WithLegacy,
+        );
+        let p = device_permissions(&d, DeviceProtocols::WithLegacy);
         assert_eq!(
             serde_json::to_value(&u).expect("serializes"),
             json!({

@@ -16,6 +16,13 @@ pub const HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subj
 /// JetStream's error code for a failed expected-last-sequence check.
 pub const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
 
+/// Headers of a republished key change and of a Direct Get answer: the
+/// stream sequence of this value, the previous sequence of the same subject
+/// (republish only; 0 when the key had none) and the key's subject.
+pub const HEADER_SEQUENCE: &str = "Nats-Sequence";
+pub const HEADER_LAST_SEQUENCE: &str = "Nats-Last-Sequence";
+pub const HEADER_SUBJECT: &str = "Nats-Subject";
+
 /// Whether a `KV-Operation` header value marks a deleted key.
 pub fn is_kv_delete(operation: Option<&str>) -> bool {
     matches!(operation, Some("DEL") | Some("PURGE"))
@@ -99,6 +106,103 @@ impl AckInfo {
     }
 }
 
+/// One version of a key as a republished message or a Direct Get answer
+/// describes it in its headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyVersion {
+    /// The subject the value was stored at (`$KV.<bucket>.<key>`).
+    pub subject: String,
+    /// Its stream sequence.
+    pub seq: u64,
+    /// The previous sequence of the same subject (republish only).
+    pub last_seq: Option<u64>,
+    /// A delete or purge marker: the key is absent.
+    pub deleted: bool,
+}
+
+impl KeyVersion {
+    /// Reads the version from a message's headers (`header` looks one up by
+    /// name). A missing or malformed sequence or subject is an error naming
+    /// the header.
+    pub fn from_headers<'a>(header: impl Fn(&str) -> Option<&'a str>) -> Result<Self, String> {
+        let number = |name: &str| -> Result<Option<u64>, String> {
+            header(name)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|_| format!("header {name} is not a sequence number: {v:?}"))
+                })
+                .transpose()
+        };
+        let seq = number(HEADER_SEQUENCE)?.ok_or_else(|| format!("no {HEADER_SEQUENCE} header"))?;
+        let subject = header(HEADER_SUBJECT)
+            .ok_or_else(|| format!("no {HEADER_SUBJECT} header"))?
+            .to_owned();
+        Ok(KeyVersion {
+            subject,
+            seq,
+            last_seq: number(HEADER_LAST_SEQUENCE)?,
+            deleted: is_kv_delete(header(HEADER_KV_OPERATION)),
+        })
+    }
+}
+
+/// What to do with a version of a key, given the sequence held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Newer than what is held, and nothing was missed in between.
+    Apply,
+    /// Newer, but the republish chain shows versions that never arrived
+    /// (republish is at-most-once): apply it and re-read to be sure.
+    ApplyAfterGap { missed_after: u64 },
+    /// Not newer than what is held (a duplicate, or a lagging replica).
+    Stale,
+}
+
+/// The sequence of the value of one key a device holds, and the rule for
+/// what replaces it: only a newer sequence (DESIGN.md "How a device talks
+/// to JetStream", generation 2). Shared by the agent and the fleet
+/// simulator so both decide alike.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyTracker {
+    /// 0 before anything was read, and for a key never written.
+    held: u64,
+}
+
+impl KeyTracker {
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// A republished change: newer ones are taken; the previous-sequence
+    /// header tells whether one was missed.
+    pub fn on_change(&mut self, v: &KeyVersion) -> Verdict {
+        if v.seq <= self.held {
+            return Verdict::Stale;
+        }
+        let missed = matches!(v.last_seq, Some(last) if last > self.held);
+        let held = self.held;
+        self.held = v.seq;
+        if missed {
+            Verdict::ApplyAfterGap { missed_after: held }
+        } else {
+            Verdict::Apply
+        }
+    }
+
+    /// A read (Direct Get): `seq` 0 is a key never written. Returns whether
+    /// the value is newer than the one held (a read answered by a lagging
+    /// replica can be older than a change already applied).
+    pub fn on_read(&mut self, seq: u64) -> bool {
+        if seq > self.held || (seq == 0 && self.held == 0) {
+            self.held = seq;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// A `Duration` as the nanoseconds JetStream configs take.
 pub fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -132,6 +236,56 @@ mod tests {
         assert_eq!(AckInfo::parse("$JS.NAK.KV_x.c.1.2.3.4.5"), None);
         assert_eq!(AckInfo::parse("$JS.ACK.KV_x.c.1.2.x.4.5"), None);
         assert_eq!(AckInfo::parse("_INBOX.dev1.a.1"), None);
+    }
+
+    #[test]
+    fn a_key_takes_only_newer_versions_and_names_a_gap() {
+        let v = |seq, last| KeyVersion {
+            subject: "$KV.fleet-workloads.dev1.desired".into(),
+            seq,
+            last_seq: Some(last),
+            deleted: false,
+        };
+        let mut t = KeyTracker::default();
+        assert!(t.on_read(0), "a key never written is a complete read");
+        assert_eq!(t.on_change(&v(5, 0)), Verdict::Apply);
+        assert_eq!(t.on_change(&v(5, 0)), Verdict::Stale);
+        assert_eq!(t.on_change(&v(4, 0)), Verdict::Stale);
+        assert_eq!(
+            t.on_change(&v(9, 7)),
+            Verdict::ApplyAfterGap { missed_after: 5 }
+        );
+        assert!(!t.on_read(7), "a lagging replica's answer is older");
+        assert!(!t.on_read(9));
+        assert!(t.on_read(12));
+        assert_eq!(t.held(), 12);
+        let headers = [
+            ("Nats-Sequence", "12"),
+            ("Nats-Last-Sequence", "9"),
+            (
+                "Nats-Subject",
+                "$KV.fleet-control.dev1.agent-upgrade-intent",
+            ),
+            ("KV-Operation", "DEL"),
+        ];
+        let get = |n: &str| headers.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
+        assert_eq!(
+            KeyVersion::from_headers(get),
+            Ok(KeyVersion {
+                subject: "$KV.fleet-control.dev1.agent-upgrade-intent".into(),
+                seq: 12,
+                last_seq: Some(9),
+                deleted: true
+            })
+        );
+        assert_eq!(
+            KeyVersion::from_headers(|n| (n == "Nats-Sequence").then_some("x")),
+            Err("header Nats-Sequence is not a sequence number: \"x\"".into())
+        );
+        assert_eq!(
+            KeyVersion::from_headers(|_| None),
+            Err("no Nats-Sequence header".into())
+        );
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub const HEARTBEAT_JITTER: Duration = Duration::from_secs(3);
 pub const FREEZE_DISCONNECTED_HEARTBEATS: u32 = 1;
 /// Device state the agent reads from a KV value at most (a `WorkloadSpec`, an attempt).
 pub const MAX_KV_VALUE_BYTES: usize = 256 * 1024;
+/// Largest desired-workloads document of one device (`fleet-workloads`
+/// `<device>.desired`): it must fit nats-server's default `max_payload`
+/// (1 MiB) with its headers, so one Direct Get reads it whole.
+pub const MAX_DESIRED_DOC_BYTES: usize = 960 * 1024;
 /// Workloads one device runs at most.
 pub const MAX_WORKLOADS_PER_DEVICE: usize = 256;
 /// Largest file read by [`crate::durable::read_bounded`] callers for state files.

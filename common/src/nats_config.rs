@@ -20,12 +20,13 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::limits::MAX_DESIRED_DOC_BYTES;
 use crate::limits::{MAX_KV_VALUE_BYTES, NATS_AUTH_CALLOUT_TIMEOUT, NATS_MAX_CONTROL_LINE_BYTES};
 use crate::nkey::PublicNkey;
 use crate::subjects::{
-    account_service_exports, device_permissions, kv_subject, stream_name, ACCOUNT_AUTH,
-    ACCOUNT_DEVICES, ACCOUNT_FLEET, BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_STATUS,
-    DELIVER_STREAM_EXPORT,
+    account_service_exports, account_stream_exports, device_permissions, kv_subject,
+    republish_config, stream_name, DeviceProtocols, ACCOUNT_AUTH, ACCOUNT_DEVICES, ACCOUNT_FLEET,
+    BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_STATUS, BUCKET_WORKLOADS,
 };
 use crate::validate::DeviceId;
 
@@ -49,6 +50,8 @@ pub struct StaticServerConfig {
     /// Device users in `DEVICES`: id and password (plain or bcrypt).
     pub devices: Vec<(DeviceId, String)>,
     pub cluster: Option<ClusterConfig>,
+    /// The device protocols served (generation 1 too, until retired).
+    pub protocols: DeviceProtocols,
 }
 
 /// The `cluster {}` block of one node.
@@ -71,8 +74,8 @@ pub fn static_server_config(c: &StaticServerConfig) -> String {
         c.cluster.as_ref(),
     );
     o.push("accounts {".to_owned());
-    o.extend(fleet_account_lines(&c.admin_password));
-    o.extend(devices_account_lines(&c.devices));
+    o.extend(fleet_account_lines(&c.admin_password, c.protocols));
+    o.extend(devices_account_lines(&c.devices, c.protocols));
     o.extend(["}".to_owned(), String::new()]);
     o.join("\n")
 }
@@ -93,6 +96,9 @@ pub struct CalloutServerConfig {
     /// The account nkey whose seed signs the callout's responses and users.
     pub issuer: PublicNkey,
     pub cluster: Option<ClusterConfig>,
+    /// The device protocols whose exports and imports are served (the
+    /// callout's own config says which permissions it grants).
+    pub protocols: DeviceProtocols,
 }
 
 /// The nats-server (2.10 and later) config text of the fleet layout with an
@@ -120,8 +126,8 @@ pub fn callout_server_config(c: &CalloutServerConfig) -> String {
         ),
         "  }".to_owned(),
     ]);
-    o.extend(fleet_account_lines(&c.admin_password));
-    o.extend(devices_account_lines(&[]));
+    o.extend(fleet_account_lines(&c.admin_password, c.protocols));
+    o.extend(devices_account_lines(&[], c.protocols));
     o.extend([
         "}".to_owned(),
         "authorization {".to_owned(),
@@ -178,7 +184,7 @@ fn server_lines(
 }
 
 /// Account `FLEET`: JetStream, the admin user, the exports to `DEVICES`.
-fn fleet_account_lines(admin_password: &str) -> Vec<String> {
+fn fleet_account_lines(admin_password: &str, protocols: DeviceProtocols) -> Vec<String> {
     let mut o = vec![
         format!("  {ACCOUNT_FLEET} {{"),
         "    jetstream: enabled".to_owned(),
@@ -189,26 +195,28 @@ fn fleet_account_lines(admin_password: &str) -> Vec<String> {
         ),
         "    exports: [".to_owned(),
     ];
-    for (subject, _) in &account_service_exports() {
+    for (subject, _) in &account_service_exports(protocols) {
         o.push(format!(
             "      {{ service: {}, accounts: [{ACCOUNT_DEVICES}] }}",
             quoted(subject)
         ));
     }
-    o.extend([
-        format!(
+    for subject in &account_stream_exports(protocols) {
+        o.push(format!(
             "      {{ stream: {}, accounts: [{ACCOUNT_DEVICES}] }}",
-            quoted(DELIVER_STREAM_EXPORT)
-        ),
-        "    ]".to_owned(),
-        "  }".to_owned(),
-    ]);
+            quoted(subject)
+        ));
+    }
+    o.extend(["    ]".to_owned(), "  }".to_owned()]);
     o
 }
 
 /// Account `DEVICES`: one user per device (none in the callout layout) with
 /// exactly [`device_permissions`], and the imports from `FLEET`.
-fn devices_account_lines(devices: &[(DeviceId, String)]) -> Vec<String> {
+fn devices_account_lines(
+    devices: &[(DeviceId, String)],
+    protocols: DeviceProtocols,
+) -> Vec<String> {
     let mut o = vec![format!("  {ACCOUNT_DEVICES} {{")];
     let list = |subjects: &[String]| {
         let quoted: Vec<String> = subjects.iter().map(|s| quoted(s)).collect();
@@ -217,7 +225,7 @@ fn devices_account_lines(devices: &[(DeviceId, String)]) -> Vec<String> {
     if !devices.is_empty() {
         o.push("    users: [".to_owned());
         for (id, password) in devices {
-            let p = device_permissions(id);
+            let p = device_permissions(id, protocols);
             o.extend([
                 format!(
                     "      {{ user: {}, password: {}, permissions: {{",
@@ -238,7 +246,7 @@ fn devices_account_lines(devices: &[(DeviceId, String)]) -> Vec<String> {
         o.push("    ]".to_owned());
     }
     o.push("    imports: [".to_owned());
-    for (subject, to) in &account_service_exports() {
+    for (subject, to) in &account_service_exports(protocols) {
         let to = to
             .as_ref()
             .map(|t| format!(", to: {}", quoted(t)))
@@ -248,14 +256,13 @@ fn devices_account_lines(devices: &[(DeviceId, String)]) -> Vec<String> {
             quoted(subject)
         ));
     }
-    o.extend([
-        format!(
+    for subject in &account_stream_exports(protocols) {
+        o.push(format!(
             "      {{ stream: {{ account: {ACCOUNT_FLEET}, subject: {} }} }}",
-            quoted(DELIVER_STREAM_EXPORT)
-        ),
-        "    ]".to_owned(),
-        "  }".to_owned(),
-    ]);
+            quoted(subject)
+        ));
+    }
+    o.extend(["    ]".to_owned(), "  }".to_owned()]);
     o
 }
 
@@ -292,15 +299,20 @@ pub struct BucketSpec {
     pub allow_rollup: bool,
     /// Largest value, or `None` for the server's `max_payload`.
     pub max_value_bytes: Option<usize>,
+    /// Whether every key change is republished to `fleetkv.<bucket>.<key>`
+    /// (the buckets generation-2 devices read).
+    pub republish: bool,
 }
 
-/// The three buckets of the fleet (DESIGN.md "NATS data model").
-pub const FLEET_BUCKETS: [BucketSpec; 3] = [
+/// The buckets of the fleet (DESIGN.md "NATS data model"). `fleet-desired`
+/// serves generation-1 agents until it is retired.
+pub const FLEET_BUCKETS: [BucketSpec; 4] = [
     BucketSpec {
-        bucket: BUCKET_DESIRED,
+        bucket: BUCKET_WORKLOADS,
         history: 1,
         allow_rollup: true,
-        max_value_bytes: Some(MAX_KV_VALUE_BYTES),
+        max_value_bytes: Some(MAX_DESIRED_DOC_BYTES),
+        republish: true,
     },
     BucketSpec {
         bucket: BUCKET_CONTROL,
@@ -308,14 +320,34 @@ pub const FLEET_BUCKETS: [BucketSpec; 3] = [
         history: 5,
         allow_rollup: true,
         max_value_bytes: Some(MAX_KV_VALUE_BYTES),
+        republish: true,
     },
     BucketSpec {
         bucket: BUCKET_STATUS,
         history: 1,
         allow_rollup: false,
         max_value_bytes: None,
+        republish: false,
+    },
+    BucketSpec {
+        bucket: BUCKET_DESIRED,
+        history: 1,
+        allow_rollup: true,
+        max_value_bytes: Some(MAX_KV_VALUE_BYTES),
+        republish: false,
     },
 ];
+
+/// The `$JS.API.STREAM.UPDATE.KV_<bucket>` request subject (an existing
+/// deployment's bucket brought to [`kv_stream_config`]).
+pub fn stream_update_subject(bucket: &str) -> String {
+    format!("$JS.API.STREAM.UPDATE.{}", stream_name(bucket))
+}
+
+/// The `$JS.API.STREAM.INFO.KV_<bucket>` request subject.
+pub fn stream_info_subject(bucket: &str) -> String {
+    format!("$JS.API.STREAM.INFO.{}", stream_name(bucket))
+}
 
 /// The `$JS.API.STREAM.CREATE.KV_<bucket>` request subject.
 pub fn stream_create_subject(bucket: &str) -> String {
@@ -327,7 +359,7 @@ pub fn stream_create_subject(bucket: &str) -> String {
 /// `history` times, deletes through the API denied, new messages discarded
 /// when full, direct gets allowed), with `replicas` copies.
 pub fn kv_stream_config(spec: &BucketSpec, replicas: u8) -> serde_json::Value {
-    json!({
+    let mut config = json!({
         "name": stream_name(spec.bucket),
         "subjects": [kv_subject(spec.bucket, ">")],
         "retention": "limits",
@@ -345,7 +377,12 @@ pub fn kv_stream_config(spec: &BucketSpec, replicas: u8) -> serde_json::Value {
         "deny_delete": true,
         "deny_purge": false,
         "allow_direct": true,
-    })
+    });
+    if spec.republish {
+        let (src, dest) = republish_config(spec.bucket);
+        config["republish"] = json!({"src": src, "dest": dest});
+    }
+    config
 }
 
 #[cfg(test)]
@@ -363,6 +400,7 @@ mod tests {
                 (DeviceId::parse("dev2").expect("valid"), "dev2pw".to_owned()),
             ],
             cluster,
+            protocols: DeviceProtocols::WithLegacy,
         }
     }
 
@@ -380,8 +418,8 @@ mod tests {
             r#"      { stream: "deliver.>", accounts: [DEVICES] }"#,
             "  DEVICES {",
             r#"      { user: "dev1", password: "dev1pw", permissions: {"#,
-            r#"          publish: { allow: [ "fleetapi.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.dev1.>", "fleetapi.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.dev1.>", "$KV.fleet-status.dev1.>", "$JS.FC.KV_fleet-desired.>", "$JS.FC.KV_fleet-control.>" ] }"#,
-            r#"          subscribe: { allow: [ "_INBOX.dev2.>", "deliver.dev2.>" ] }"#,
+            r#"          publish: { allow: [ "fleetapi.DIRECT.GET.KV_fleet-workloads.$KV.fleet-workloads.dev1.desired", "fleetapi.DIRECT.GET.KV_fleet-control.$KV.fleet-control.dev1.agent-upgrade-intent", "$KV.fleet-status.dev1.>", "fleetapi.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.dev1.>", "fleetapi.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.dev1.>", "$JS.FC.KV_fleet-desired.>", "$JS.FC.KV_fleet-control.>" ] }"#,
+            r#"          subscribe: { allow: [ "_INBOX.dev2.>", "fleetkv.fleet-workloads.dev2.desired", "fleetkv.fleet-control.dev2.agent-upgrade-intent", "deliver.dev2.>" ] }"#,
             r#"      { service: { account: FLEET, subject: "$JS.API.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.*.>" }, to: "fleetapi.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.*.>" }"#,
             r#"      { service: { account: FLEET, subject: "$JS.FC.KV_fleet-desired.>" } }"#,
             r#"      { stream: { account: FLEET, subject: "deliver.>" } }"#,
@@ -393,9 +431,9 @@ mod tests {
         }
         assert!(!text.contains("cluster"), "{text}");
         assert!(!text.contains("server_name"), "{text}");
-        // Five service exports and one stream, each exported and imported once.
-        assert_eq!(text.matches("accounts: [DEVICES]").count(), 6);
-        assert_eq!(text.matches("{ account: FLEET").count(), 6);
+        // Seven service exports and two streams, each exported and imported once.
+        assert_eq!(text.matches("accounts: [DEVICES]").count(), 9);
+        assert_eq!(text.matches("{ account: FLEET").count(), 9);
         // Braces and brackets balance.
         assert_eq!(text.matches('{').count(), text.matches('}').count());
         assert_eq!(text.matches('[').count(), text.matches(']').count());
@@ -404,7 +442,8 @@ mod tests {
     #[test]
     fn static_config_output_is_unchanged_by_the_callout_variant() {
         // The exact text of a one-device config: a change here is a change
-        // of every deployed static config.
+        // of every deployed static config (generation 2 reads were added in
+        // front; generation 1's lines are unchanged).
         let mut c = config(None);
         c.devices.truncate(1);
         let expected = [
@@ -416,27 +455,33 @@ mod tests {
             "    jetstream: enabled",
             r#"    users: [ { user: "admin", password: "adminpw" } ]"#,
             "    exports: [",
+            r#"      { service: "$JS.API.DIRECT.GET.KV_fleet-workloads.$KV.fleet-workloads.*.desired", accounts: [DEVICES] }"#,
+            r#"      { service: "$JS.API.DIRECT.GET.KV_fleet-control.$KV.fleet-control.*.agent-upgrade-intent", accounts: [DEVICES] }"#,
+            r#"      { service: "$KV.fleet-status.*.>", accounts: [DEVICES] }"#,
             r#"      { service: "$JS.API.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.*.>", accounts: [DEVICES] }"#,
             r#"      { service: "$JS.API.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.*.>", accounts: [DEVICES] }"#,
-            r#"      { service: "$KV.fleet-status.*.>", accounts: [DEVICES] }"#,
             r#"      { service: "$JS.FC.KV_fleet-desired.>", accounts: [DEVICES] }"#,
             r#"      { service: "$JS.FC.KV_fleet-control.>", accounts: [DEVICES] }"#,
+            r#"      { stream: "fleetkv.>", accounts: [DEVICES] }"#,
             r#"      { stream: "deliver.>", accounts: [DEVICES] }"#,
             "    ]",
             "  }",
             "  DEVICES {",
             "    users: [",
             r#"      { user: "dev1", password: "dev1pw", permissions: {"#,
-            r#"          publish: { allow: [ "fleetapi.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.dev1.>", "fleetapi.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.dev1.>", "$KV.fleet-status.dev1.>", "$JS.FC.KV_fleet-desired.>", "$JS.FC.KV_fleet-control.>" ] }"#,
-            r#"          subscribe: { allow: [ "_INBOX.dev1.>", "deliver.dev1.>" ] }"#,
+            r#"          publish: { allow: [ "fleetapi.DIRECT.GET.KV_fleet-workloads.$KV.fleet-workloads.dev1.desired", "fleetapi.DIRECT.GET.KV_fleet-control.$KV.fleet-control.dev1.agent-upgrade-intent", "$KV.fleet-status.dev1.>", "fleetapi.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.dev1.>", "fleetapi.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.dev1.>", "$JS.FC.KV_fleet-desired.>", "$JS.FC.KV_fleet-control.>" ] }"#,
+            r#"          subscribe: { allow: [ "_INBOX.dev1.>", "fleetkv.fleet-workloads.dev1.desired", "fleetkv.fleet-control.dev1.agent-upgrade-intent", "deliver.dev1.>" ] }"#,
             "      } }",
             "    ]",
             "    imports: [",
+            r#"      { service: { account: FLEET, subject: "$JS.API.DIRECT.GET.KV_fleet-workloads.$KV.fleet-workloads.*.desired" }, to: "fleetapi.DIRECT.GET.KV_fleet-workloads.$KV.fleet-workloads.*.desired" }"#,
+            r#"      { service: { account: FLEET, subject: "$JS.API.DIRECT.GET.KV_fleet-control.$KV.fleet-control.*.agent-upgrade-intent" }, to: "fleetapi.DIRECT.GET.KV_fleet-control.$KV.fleet-control.*.agent-upgrade-intent" }"#,
+            r#"      { service: { account: FLEET, subject: "$KV.fleet-status.*.>" } }"#,
             r#"      { service: { account: FLEET, subject: "$JS.API.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.*.>" }, to: "fleetapi.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.*.>" }"#,
             r#"      { service: { account: FLEET, subject: "$JS.API.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.*.>" }, to: "fleetapi.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.*.>" }"#,
-            r#"      { service: { account: FLEET, subject: "$KV.fleet-status.*.>" } }"#,
             r#"      { service: { account: FLEET, subject: "$JS.FC.KV_fleet-desired.>" } }"#,
             r#"      { service: { account: FLEET, subject: "$JS.FC.KV_fleet-control.>" } }"#,
+            r#"      { stream: { account: FLEET, subject: "fleetkv.>" } }"#,
             r#"      { stream: { account: FLEET, subject: "deliver.>" } }"#,
             "    ]",
             "  }",
@@ -462,6 +507,7 @@ mod tests {
             callout_password: "calloutpw".to_owned(),
             issuer,
             cluster: None,
+            protocols: DeviceProtocols::WithLegacy,
         });
         for line in [
             "# Generated by fleet_common::nats_config::callout_server_config: regenerate, do not edit.",
@@ -486,8 +532,8 @@ mod tests {
         // No static device users, no permissions: the callout issues them.
         assert!(!text.contains("permissions"), "{text}");
         assert_eq!(text.matches("    users: [").count(), 2, "{text}");
-        assert_eq!(text.matches("accounts: [DEVICES]").count(), 6);
-        assert_eq!(text.matches("{ account: FLEET").count(), 6);
+        assert_eq!(text.matches("accounts: [DEVICES]").count(), 9);
+        assert_eq!(text.matches("{ account: FLEET").count(), 9);
         assert_eq!(text.matches('{').count(), text.matches('}').count());
         assert_eq!(text.matches('[').count(), text.matches(']').count());
     }
@@ -529,7 +575,7 @@ mod tests {
 
     #[test]
     fn status_stream_refuses_rollups_and_others_keep_kv_shape() {
-        let [desired, control, status] = FLEET_BUCKETS;
+        let [workloads, control, status, desired] = FLEET_BUCKETS;
         assert_eq!(status.bucket, "fleet-status");
         let s = kv_stream_config(&status, 3);
         assert_eq!(s["name"], "KV_fleet-status");
@@ -541,7 +587,20 @@ mod tests {
         assert_eq!(s["max_msgs_per_subject"], 1);
         assert_eq!(s["max_msg_size"], -1);
         assert_eq!(s["discard"], "new");
+        assert!(s.get("republish").is_none(), "{s}");
+        let w = kv_stream_config(&workloads, 3);
+        assert_eq!(w["name"], "KV_fleet-workloads");
+        assert_eq!(w["max_msg_size"], MAX_DESIRED_DOC_BYTES as i64);
+        assert_eq!(
+            w["republish"],
+            json!({"src": "$KV.fleet-workloads.>", "dest": "fleetkv.fleet-workloads.>"})
+        );
+        assert_eq!(
+            kv_stream_config(&control, 3)["republish"],
+            json!({"src": "$KV.fleet-control.>", "dest": "fleetkv.fleet-control.>"})
+        );
         let d = kv_stream_config(&desired, 1);
+        assert!(d.get("republish").is_none(), "{d}");
         assert_eq!(d["name"], "KV_fleet-desired");
         assert_eq!(d["allow_rollup_hdrs"], true);
         assert_eq!(d["max_msg_size"], MAX_KV_VALUE_BYTES as i64);

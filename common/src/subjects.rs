@@ -4,8 +4,20 @@
 
 use crate::validate::{DeviceId, WorkloadName};
 
-/// Desired workloads: `<device>.<workload>` → `WorkloadSpec`.
+/// Desired workloads, generation 1 (agent 0.1.0): `<device>.<workload>` →
+/// `WorkloadSpec`, read through a consumer per device. Written beside
+/// [`BUCKET_WORKLOADS`] while the bucket exists (DESIGN.md, README "Mixed
+/// fleets"); retired with it.
 pub const BUCKET_DESIRED: &str = "fleet-desired";
+/// Desired workloads, generation 2: one document per device,
+/// `<device>.desired` → `DesiredWorkloads`, so that one Direct Get reads a
+/// complete snapshot.
+pub const BUCKET_WORKLOADS: &str = "fleet-workloads";
+/// The key of a device's desired-workloads document under the device.
+pub const DESIRED_DOC_KEY: &str = "desired";
+/// Core subject namespace the buckets a device reads republish every key
+/// change to: `$KV.<bucket>.<key>` → `fleetkv.<bucket>.<key>`.
+pub const REPUBLISH_PREFIX: &str = "fleetkv";
 /// Operator control: `<device>.agent-upgrade-intent` → `AgentUpgradeAttempt`.
 pub const BUCKET_CONTROL: &str = "fleet-control";
 /// Device reports: `<device>.{info,upgrade,workloads,heartbeat}`.
@@ -18,7 +30,8 @@ pub const INTENT_KEY: &str = "agent-upgrade-intent";
 pub const ACCOUNT_FLEET: &str = "FLEET";
 /// NATS account holding the devices.
 pub const ACCOUNT_DEVICES: &str = "DEVICES";
-/// Prefix under which `FLEET`'s consumer-create API is imported into `DEVICES`.
+/// Prefix under which `FLEET`'s JetStream API (consumer create, generation
+/// 1; Direct Get, generation 2) is imported into `DEVICES`.
 pub const DEVICE_API_PREFIX: &str = "fleetapi";
 /// NATS account of the auth callout service (callout layout only).
 pub const ACCOUNT_AUTH: &str = "AUTH";
@@ -60,6 +73,11 @@ pub fn kv_subject(bucket: &str, key: &str) -> String {
 /// `<device>.<workload>` in `fleet-desired`.
 pub fn desired_key(device: &DeviceId, workload: &WorkloadName) -> String {
     format!("{device}.{workload}")
+}
+
+/// `<device>.desired` in `fleet-workloads`.
+pub fn desired_doc_key(device: &DeviceId) -> String {
+    format!("{device}.{DESIRED_DOC_KEY}")
 }
 
 /// `<device>.agent-upgrade-intent` in `fleet-control`.
@@ -105,6 +123,64 @@ pub fn consumer_create_subject(bucket: &str, consumer: &str, filter: &str) -> St
     )
 }
 
+/// Where a bucket's key changes are republished: `fleetkv.<bucket>.<key>`.
+pub fn republish_subject(bucket: &str, key: &str) -> String {
+    format!("{REPUBLISH_PREFIX}.{bucket}.{key}")
+}
+
+/// The stream `republish` block of a bucket devices read: every key change,
+/// with its headers (`Nats-Sequence`, `Nats-Last-Sequence`, `KV-Operation`).
+pub fn republish_config(bucket: &str) -> (String, String) {
+    (kv_subject(bucket, ">"), republish_subject(bucket, ">"))
+}
+
+/// The Direct Get of one key as `FLEET` sees it, in the subject-appended
+/// form (`$JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`).
+pub fn direct_get_subject(bucket: &str, key: &str) -> String {
+    format!(
+        "$JS.API.DIRECT.GET.{}.{}",
+        stream_name(bucket),
+        kv_subject(bucket, key)
+    )
+}
+
+/// The same Direct Get as a device publishes it in `DEVICES`:
+/// `fleetapi.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`.
+pub fn device_direct_get_subject(bucket: &str, key: &str) -> String {
+    format!(
+        "{DEVICE_API_PREFIX}.DIRECT.GET.{}.{}",
+        stream_name(bucket),
+        kv_subject(bucket, key)
+    )
+}
+
+/// The keys a generation-2 device reads, each one Direct Get and one
+/// republished subject: its desired-workloads document and its upgrade
+/// intent.
+pub fn device_read_keys(device: &DeviceId) -> [(&'static str, String); 2] {
+    [
+        (BUCKET_WORKLOADS, desired_doc_key(device)),
+        (BUCKET_CONTROL, intent_key(device)),
+    ]
+}
+
+/// Which device protocols the permission template and the server config
+/// serve (README "Mixed fleets").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceProtocols {
+    /// Generation 2 (consumer-free reads) and generation 1 (agent 0.1.0:
+    /// a consumer per device): the default until no device runs 0.1.0.
+    WithLegacy,
+    /// Generation 2 only.
+    Current,
+}
+
+impl DeviceProtocols {
+    pub fn serves_legacy(self) -> bool {
+        matches!(self, Self::WithLegacy)
+    }
+}
+
 /// Publish and subscribe permissions of one device in the `DEVICES` account.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DevicePermissions {
@@ -112,13 +188,27 @@ pub struct DevicePermissions {
     pub subscribe_allow: Vec<String>,
 }
 
-/// The one permission template (DESIGN.md): a device may create consumers on
-/// its own desired and control keys, write its own status keys (with a
-/// JetStream ack), answer flow control, and receive on its own inbox and
-/// deliver subjects. Nothing else.
-pub fn device_permissions(device: &DeviceId) -> DevicePermissions {
-    DevicePermissions {
-        publish_allow: vec![
+/// The one permission template (DESIGN.md). Generation 2: Direct Get of
+/// exactly its own two keys (literal subjects: no wildcard a device could
+/// widen), its own republished subjects, its own status keys (with a
+/// JetStream ack) and its inbox. Generation 1 adds creating consumers on its
+/// own desired and control keys, answering flow control and its deliver
+/// subjects. Nothing else.
+pub fn device_permissions(device: &DeviceId, protocols: DeviceProtocols) -> DevicePermissions {
+    let reads = device_read_keys(device);
+    let mut publish_allow: Vec<String> = reads
+        .iter()
+        .map(|(bucket, key)| device_direct_get_subject(bucket, key))
+        .collect();
+    publish_allow.push(device_filter(BUCKET_STATUS, device));
+    let mut subscribe_allow = vec![format!("{}>", inbox_prefix(device))];
+    subscribe_allow.extend(
+        reads
+            .iter()
+            .map(|(bucket, key)| republish_subject(bucket, key)),
+    );
+    if protocols.serves_legacy() {
+        publish_allow.extend([
             format!(
                 "{DEVICE_API_PREFIX}.CONSUMER.CREATE.{}.*.{}",
                 stream_name(BUCKET_DESIRED),
@@ -129,36 +219,63 @@ pub fn device_permissions(device: &DeviceId) -> DevicePermissions {
                 stream_name(BUCKET_CONTROL),
                 device_filter(BUCKET_CONTROL, device)
             ),
-            device_filter(BUCKET_STATUS, device),
             format!("$JS.FC.{}.>", stream_name(BUCKET_DESIRED)),
             format!("$JS.FC.{}.>", stream_name(BUCKET_CONTROL)),
-        ],
-        subscribe_allow: vec![
-            format!("{}>", inbox_prefix(device)),
-            format!("{}>", deliver_prefix(device)),
-        ],
+        ]);
+        subscribe_allow.push(format!("{}>", deliver_prefix(device)));
+    }
+    DevicePermissions {
+        publish_allow,
+        subscribe_allow,
     }
 }
 
 /// Services `FLEET` exports to `DEVICES`, and the subject each is imported
-/// as (`None`: the same subject).
-pub fn account_service_exports() -> Vec<(String, Option<String>)> {
-    let create = |bucket: &str| {
+/// as (`None`: the same subject). Direct Get is exported per key shape
+/// (`*.desired`, `*.agent-upgrade-intent`), never the batch or wildcard forms.
+pub fn account_service_exports(protocols: DeviceProtocols) -> Vec<(String, Option<String>)> {
+    let direct = |bucket: &str, key: &str| {
         let s = stream_name(bucket);
         (
-            format!("$JS.API.CONSUMER.CREATE.{s}.*.$KV.{bucket}.*.>"),
+            format!("$JS.API.DIRECT.GET.{s}.$KV.{bucket}.*.{key}"),
             Some(format!(
-                "{DEVICE_API_PREFIX}.CONSUMER.CREATE.{s}.*.$KV.{bucket}.*.>"
+                "{DEVICE_API_PREFIX}.DIRECT.GET.{s}.$KV.{bucket}.*.{key}"
             )),
         )
     };
-    vec![
-        create(BUCKET_DESIRED),
-        create(BUCKET_CONTROL),
+    let mut v = vec![
+        direct(BUCKET_WORKLOADS, DESIRED_DOC_KEY),
+        direct(BUCKET_CONTROL, INTENT_KEY),
         (format!("$KV.{BUCKET_STATUS}.*.>"), None),
-        (format!("$JS.FC.{}.>", stream_name(BUCKET_DESIRED)), None),
-        (format!("$JS.FC.{}.>", stream_name(BUCKET_CONTROL)), None),
-    ]
+    ];
+    if protocols.serves_legacy() {
+        let create = |bucket: &str| {
+            let s = stream_name(bucket);
+            (
+                format!("$JS.API.CONSUMER.CREATE.{s}.*.$KV.{bucket}.*.>"),
+                Some(format!(
+                    "{DEVICE_API_PREFIX}.CONSUMER.CREATE.{s}.*.$KV.{bucket}.*.>"
+                )),
+            )
+        };
+        v.extend([
+            create(BUCKET_DESIRED),
+            create(BUCKET_CONTROL),
+            (format!("$JS.FC.{}.>", stream_name(BUCKET_DESIRED)), None),
+            (format!("$JS.FC.{}.>", stream_name(BUCKET_CONTROL)), None),
+        ]);
+    }
+    v
+}
+
+/// Streams `FLEET` exports to `DEVICES`: the republished key changes and,
+/// for generation 1, the push deliveries.
+pub fn account_stream_exports(protocols: DeviceProtocols) -> Vec<String> {
+    let mut v = vec![format!("{REPUBLISH_PREFIX}.>")];
+    if protocols.serves_legacy() {
+        v.push(DELIVER_STREAM_EXPORT.to_owned());
+    }
+    v
 }
 
 /// The stream `FLEET` exports to `DEVICES` (push deliveries).
@@ -182,17 +299,41 @@ mod tests {
             device_consumer_create_subject(BUCKET_DESIRED, "c1", &d),
             "fleetapi.CONSUMER.CREATE.KV_fleet-desired.c1.$KV.fleet-desired.dev1.>"
         );
-        let p = device_permissions(&d);
+        assert_eq!(
+            device_direct_get_subject(BUCKET_WORKLOADS, &desired_doc_key(&d)),
+            "fleetapi.DIRECT.GET.KV_fleet-workloads.$KV.fleet-workloads.dev1.desired"
+        );
+        assert_eq!(
+            republish_subject(BUCKET_CONTROL, &intent_key(&d)),
+            "fleetkv.fleet-control.dev1.agent-upgrade-intent"
+        );
+        let p = device_permissions(&d, DeviceProtocols::Current);
         assert_eq!(
             p.publish_allow,
             vec![
+                "fleetapi.DIRECT.GET.KV_fleet-workloads.$KV.fleet-workloads.dev1.desired",
+                "fleetapi.DIRECT.GET.KV_fleet-control.$KV.fleet-control.dev1.agent-upgrade-intent",
+                "$KV.fleet-status.dev1.>",
+            ]
+        );
+        assert_eq!(
+            p.subscribe_allow,
+            vec![
+                "_INBOX.dev1.>",
+                "fleetkv.fleet-workloads.dev1.desired",
+                "fleetkv.fleet-control.dev1.agent-upgrade-intent",
+            ]
+        );
+        let legacy = device_permissions(&d, DeviceProtocols::WithLegacy);
+        assert_eq!(
+            legacy.publish_allow[3..],
+            [
                 "fleetapi.CONSUMER.CREATE.KV_fleet-desired.*.$KV.fleet-desired.dev1.>",
                 "fleetapi.CONSUMER.CREATE.KV_fleet-control.*.$KV.fleet-control.dev1.>",
-                "$KV.fleet-status.dev1.>",
                 "$JS.FC.KV_fleet-desired.>",
                 "$JS.FC.KV_fleet-control.>",
             ]
         );
-        assert_eq!(p.subscribe_allow, vec!["_INBOX.dev1.>", "deliver.dev1.>"]);
+        assert_eq!(legacy.subscribe_allow[3..], ["deliver.dev1.>"]);
     }
 }

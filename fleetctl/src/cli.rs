@@ -211,8 +211,16 @@ fn run(command: Command, flags: ConnFlags) -> Result<Output, CtlError> {
     let out = match command {
         Command::Help => Output::text(String::new()),
         Command::BucketsCreate { replicas } => {
-            let b = admin::create_buckets(&c, replicas)?;
-            Output::text(format!("buckets ready: {}\n", b.join(", ")))
+            let mut out = String::new();
+            for (bucket, outcome) in admin::create_buckets(&c, replicas)? {
+                out.push_str(&match outcome {
+                    admin::BucketOutcome::Ready => format!("{bucket}: ready\n"),
+                    admin::BucketOutcome::Updated => {
+                        format!("{bucket}: updated in place to this release's config\n")
+                    }
+                });
+            }
+            Output::text(out)
         }
         Command::Apply {
             device,

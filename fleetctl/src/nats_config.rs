@@ -29,6 +29,7 @@ use fleet_common::nats_config::{
     callout_server_config, static_server_config, CalloutServerConfig, StaticServerConfig,
 };
 use fleet_common::nkey::{NkeyError, NkeyKind, PublicNkey};
+use fleet_common::subjects::DeviceProtocols;
 use fleet_common::validate::{DeviceId, ValidationError};
 
 const HELP: &str = "fleetctl nats-config: write the nats-server config of the fleet layout
@@ -54,6 +55,9 @@ Common:
   --store-dir <dir>         JetStream store (default /var/lib/nats/jetstream)
   --server-name <name>      server_name (default none)
   --output <file>           write here (atomically, mode 0600) instead of stdout
+  --no-legacy-devices       serve only the current device protocol (Direct Get and
+                            republished keys); leave out what agent 0.1.0 needs (a consumer
+                            per device). Only once no device can run 0.1.0 (README \"Mixed fleets\")
 ";
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:4222";
@@ -157,16 +161,19 @@ struct Args {
     store_dir: PathBuf,
     server_name: Option<String>,
     output: Option<PathBuf>,
+    protocols: DeviceProtocols,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, NatsConfigError> {
     let usage = |s: String| NatsConfigError::Usage(s);
     let mut callout = false;
+    let mut protocols = DeviceProtocols::WithLegacy;
     let mut values: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--auth-callout" => callout = true,
+            "--no-legacy-devices" => protocols = DeviceProtocols::Current,
             flag @ ("--devices"
             | "--passwords-dir"
             | "--admin-password-file"
@@ -247,6 +254,7 @@ fn parse_args(args: &[String]) -> Result<Args, NatsConfigError> {
         store_dir,
         server_name,
         output: take("--output").map(PathBuf::from),
+        protocols,
     })
 }
 
@@ -357,6 +365,7 @@ fn config_text(args: &Args) -> Result<String, NatsConfigError> {
                 admin_password,
                 devices: device_passwords(ids, passwords_dir)?,
                 cluster: None,
+                protocols: args.protocols,
             })
         }
         Layout::AuthCallout {
@@ -370,6 +379,7 @@ fn config_text(args: &Args) -> Result<String, NatsConfigError> {
             callout_password: read_password(callout_password_file)?,
             issuer: issuer.clone(),
             cluster: None,
+            protocols: args.protocols,
         }),
     })
 }

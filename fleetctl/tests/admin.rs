@@ -31,7 +31,7 @@ fn apply_validates_then_writes_and_status_reads_back() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out,
-        "buckets ready: fleet-desired, fleet-control, fleet-status\n"
+        "fleet-workloads: ready\nfleet-control: ready\nfleet-status: ready\nfleet-desired: ready\n"
     );
 
     let bad = dir.path().join("bad.json");

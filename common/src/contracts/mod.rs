@@ -37,6 +37,7 @@ pub use seen::{AttemptOutcome, SeenAttempt, SeenAttempts};
 pub use selftest::{SelfTestCheck, SelfTestReport};
 pub use status::{StatusTransition, UpgradePhase, UpgradeReason, UpgradeStatus};
 pub use workload::{
-    AppliedSpecs, ImageRef, PortMapping, Protocol, PullPolicy, RestartPolicy, SpecError,
-    SpecParseError, VolumeMount, WorkloadSpec, WorkloadState, WorkloadStatus, WorkloadsReport,
+    AppliedSpecs, DesiredWorkloads, DesiredWorkloadsRaw, ImageRef, PortMapping, Protocol,
+    PullPolicy, RestartPolicy, SpecError, SpecParseError, VolumeMount, WorkloadSpec, WorkloadState,
+    WorkloadStatus, WorkloadsReport,
 };

@@ -343,6 +343,42 @@ impl WorkloadsReport {
     }
 }
 
+/// A device's desired workloads (generation 2): the whole of
+/// `fleet-workloads` `<device>.desired`, one document so that one Direct Get
+/// reads a complete snapshot. fleetctl writes it by compare-and-set in this
+/// canonical form; the agent reads it with [`DesiredWorkloadsRaw`] so that
+/// one bad spec does not hide the others.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct DesiredWorkloads {
+    pub workloads: BTreeMap<WorkloadName, WorkloadSpec>,
+}
+
+/// [`DesiredWorkloads`] as the agent first parses it: the document's shape
+/// checked, each spec kept as its raw JSON to be validated on its own (an
+/// invalid spec is reported as such; the others apply).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct DesiredWorkloadsRaw {
+    pub workloads: BTreeMap<String, Box<serde_json::value::RawValue>>,
+}
+
+impl DesiredWorkloadsRaw {
+    /// Parses a document of at most `MAX_DESIRED_DOC_BYTES`.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
+        use crate::limits::MAX_DESIRED_DOC_BYTES;
+        if bytes.len() > MAX_DESIRED_DOC_BYTES {
+            return Err(format!(
+                "the desired-workloads document is {} bytes, more than the limit of {MAX_DESIRED_DOC_BYTES}",
+                bytes.len()
+            ));
+        }
+        serde_json::from_slice(bytes).map_err(|e| {
+            format!("the desired-workloads document is not JSON of the expected shape: {e}")
+        })
+    }
+}
+
 /// The agent's record of the specs it last applied (`applied.json` in its
 /// state directory), written after every successful mutation. It survives
 /// restarts and rollbacks, so every agent version must keep reading it; a

@@ -106,6 +106,7 @@ pub fn fleet_server_config(
         admin_password: admin_password.to_owned(),
         devices: device_list(devices),
         cluster: None,
+        protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
     })
 }
 
@@ -432,6 +433,7 @@ impl NatsCluster {
                             listen: routes[i],
                             routes: routes.clone(),
                         }),
+                        protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
                     }),
                 );
                 let cmd = server_command(v, &["-c", &config.to_string_lossy()]);

@@ -21,6 +21,7 @@ fn example() -> String {
             .map(|d| (DeviceId::parse(d).expect("valid"), format!("CHANGE-ME-{d}")))
             .collect(),
         cluster: None,
+        protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
     });
     format!(
         "# Example for two devices. Regenerate with\n\
