@@ -15,7 +15,7 @@
 //!     "tls": {"ca-file": "/etc/harmony-fleet/nats-ca.pem"}
 //!   },
 //!   "podman": {"enabled": true, "binary": "podman"},
-//!   "intervals": {"heartbeat-secs": 30, "resync-secs": 30, "idle-heartbeat-secs": 5},
+//!   "intervals": {"heartbeat-secs": 30, "resync-secs": 30, "check-secs": 300},
 //!   "root": "/"
 //! }
 //! ```
@@ -70,7 +70,10 @@ pub const DEFAULTS: &str = "\
   intervals.heartbeat-secs    30
   intervals.resync-secs       30  (live containers checked: re-read when one's
                               process changed, and in full every 10th interval)
-  intervals.idle-heartbeat-secs 5 (JetStream consumer heartbeat; 3 missed = resubscribe)
+  intervals.check-secs        300 (desired state and upgrade intent read again, ± a fifth,
+                              besides every republished change: bounds how long a lost
+                              last change can go unseen)
+  intervals.idle-heartbeat-secs accepted and ignored (agent 0.1.0's consumer heartbeat)
   root                        \"/\" (prefix of every managed path)";
 
 /// A secret read from a file. Its `Debug` never shows it.
@@ -188,7 +191,8 @@ pub enum PodmanMode {
 pub struct Intervals {
     pub heartbeat: Duration,
     pub resync: Duration,
-    pub idle_heartbeat: Duration,
+    /// The periodic backstop read of the keys the agent follows.
+    pub check: Duration,
 }
 
 /// The whole validated configuration.
@@ -779,12 +783,14 @@ fn parse_podman(mut o: Obj) -> Result<PodmanMode, KeyError> {
 fn parse_intervals(mut o: Obj) -> Result<Intervals, KeyError> {
     let heartbeat = o.secs("heartbeat-secs", HEARTBEAT_INTERVAL.as_secs(), 1, 3600)?;
     let resync = o.secs("resync-secs", 30, 1, 3600)?;
-    let idle_heartbeat = o.secs("idle-heartbeat-secs", 5, 1, 60)?;
+    let check = o.secs("check-secs", 300, 1, 86_400)?;
+    // Agent 0.1.0's consumer heartbeat: configs written for it stay valid.
+    let _ = o.secs("idle-heartbeat-secs", 5, 1, 60)?;
     o.finish()?;
     Ok(Intervals {
         heartbeat,
         resync,
-        idle_heartbeat,
+        check,
     })
 }
 
@@ -825,7 +831,7 @@ mod tests {
             Intervals {
                 heartbeat: Duration::from_secs(30),
                 resync: Duration::from_secs(30),
-                idle_heartbeat: Duration::from_secs(5),
+                check: Duration::from_secs(300),
             }
         );
     }

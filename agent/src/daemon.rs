@@ -352,7 +352,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         };
         desired::spawn(
             Arc::clone(&nats),
-            config.intervals.idle_heartbeat,
+            config.intervals.check,
             Arc::clone(&shutdown),
             move |change| match (&to_reconciler, &mut disabled) {
                 (Some(tx), _) => tx.send(ReconcilerMsg::Desired(change)).is_ok(),
@@ -391,7 +391,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
                 nats: Arc::clone(&nats),
                 layout: layout.clone(),
                 arch,
-                idle_heartbeat: config.intervals.idle_heartbeat,
+                check: config.intervals.check,
                 shutdown: Arc::clone(&shutdown),
                 recovered,
                 publish_until: window_end,

@@ -1,7 +1,9 @@
 //! Desired state: the `fleet-desired` keys of this device, validated.
 //!
-//! A [`Watcher`] on `fleet-desired` yields raw snapshots and deltas; this
-//! module turns each key into a [`WorkloadName`] and each value into a
+//! A [`Watcher`] on `fleet-workloads` `<device>.desired` (one document per
+//! device, [`DesiredWorkloadsRaw`]) yields the document's workloads as raw
+//! snapshots and deltas; this module turns each name into a
+//! [`WorkloadName`] and each spec into a
 //! [`DesiredEntry`] — a valid [`WorkloadSpec`], or the reason it is not
 //! (reported as `invalid`; the running container, if any, is kept) — and
 //! hands them to the reconciler as [`DesiredChange`]s.
@@ -10,9 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_common::contracts::{ImageRef, WorkloadSpec};
+use fleet_common::contracts::{DesiredWorkloadsRaw, ImageRef, WorkloadSpec};
 use fleet_common::limits::{MAX_KV_VALUE_BYTES, MAX_WORKLOADS_PER_DEVICE};
-use fleet_common::subjects::BUCKET_DESIRED;
+use fleet_common::subjects::{BUCKET_WORKLOADS, DESIRED_DOC_KEY};
 use fleet_common::validate::{Sha256Hex, WorkloadName};
 
 use crate::nats::{Nats, WatchEvent, WatchHandle, Watcher};
@@ -70,7 +72,7 @@ fn decode_key(key: &str) -> Option<WorkloadName> {
     match WorkloadName::parse(key) {
         Ok(w) => Some(w),
         Err(e) => {
-            log::error!(bucket = BUCKET_DESIRED; "ignoring key {key:?} of this device: {e}");
+            log::error!(bucket = BUCKET_WORKLOADS; "ignoring workload {key:?} of this device's document: {e}");
             None
         }
     }
@@ -89,19 +91,44 @@ pub fn decode(event: WatchEvent) -> Option<DesiredChange> {
     }
 }
 
+/// Expands the desired-workloads document into its workloads (raw specs,
+/// validated one by one by [`decode`]); an absent document is no workloads.
+/// A document that is not one is refused whole (the watcher keeps the last
+/// good one). Workloads beyond [`MAX_WORKLOADS_PER_DEVICE`] are dropped
+/// with an error.
+pub fn expand_document(value: Option<Vec<u8>>) -> Result<BTreeMap<String, Vec<u8>>, String> {
+    let Some(bytes) = value else {
+        return Ok(BTreeMap::new());
+    };
+    let doc = DesiredWorkloadsRaw::from_json(&bytes)?;
+    let total = doc.workloads.len();
+    let keys: BTreeMap<String, Vec<u8>> = doc
+        .workloads
+        .into_iter()
+        .take(MAX_WORKLOADS_PER_DEVICE)
+        .map(|(k, v)| (k, v.get().as_bytes().to_vec()))
+        .collect();
+    if total > keys.len() {
+        log::error!(bucket = BUCKET_WORKLOADS; "the document names {total} workloads, more than {MAX_WORKLOADS_PER_DEVICE}; {} were ignored", total - keys.len());
+    }
+    Ok(keys)
+}
+
 /// Starts the `agent-desired` watcher; every change goes to `sink` until
-/// it returns false or shutdown is requested.
+/// it returns false or shutdown is requested. `check` is the periodic
+/// backstop read.
 pub fn spawn(
     nats: Arc<Nats>,
-    idle_heartbeat: Duration,
+    check: Duration,
     shutdown: Arc<Shutdown>,
     mut sink: impl FnMut(DesiredChange) -> bool + Send + 'static,
 ) -> std::io::Result<WatchHandle> {
     Watcher {
-        bucket: BUCKET_DESIRED,
+        bucket: BUCKET_WORKLOADS,
+        key: DESIRED_DOC_KEY,
+        expand: expand_document,
         nats,
-        idle_heartbeat,
-        max_keys: MAX_WORKLOADS_PER_DEVICE,
+        check,
         shutdown,
     }
     .spawn("agent-desired", move |event| match decode(event) {

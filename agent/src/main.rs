@@ -11,6 +11,7 @@ mod desired;
 mod disabled;
 mod freeze;
 mod gate;
+mod jitter;
 mod lock;
 mod nats;
 mod node;

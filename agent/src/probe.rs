@@ -6,16 +6,18 @@
 //! | `config` | the real configuration parses | 10 |
 //! | `podman` | Podman answers (when enabled) | 11 |
 //! | `nats-auth` | NATS accepts the device's credentials (with `oauth2-client-credentials`: a token of its own, fresh from the identity provider) | 12 |
-//! | `buckets` | a device-scoped consumer opens on `fleet-control` | 13 |
-//! | `device-keys` | the device's `fleet-control` keys read completely | 14 |
-//! | `desired-consumer` | the filtered `fleet-desired` consumer is created | 15 |
+//! | `buckets` | the device's `fleet-control` intent key answers a Direct Get | 13 |
+//! | `device-keys` | the intent read is understood (what the agent would do with it) | 14 |
+//! | `desired-read` | the device may subscribe to its republished keys, and its `fleet-workloads` document answers a Direct Get | 15 |
 //! | `updater-socket` | the updater socket accepts a connection | 16 |
-//! | `snapshot` | a complete desired-state snapshot is consumed | 17 |
+//! | `snapshot` | the document is a complete desired state (workloads counted, invalid ones named) | 17 |
 //!
-//! It takes no lock, starts no loop, publishes no status or heartbeat and
-//! mutates no workload: the live agent keeps running beside it. Creating
-//! the two ephemeral consumers is its only JetStream management operation;
-//! they vanish after the inactive threshold. The whole probe is bounded by
+//! The reads are the agent's own read path (DESIGN.md, generation 2: no
+//! consumer; this replaces seed 002's "creates a filtered desired-state
+//! consumer", whose purpose — authenticate, reach the keys, read a complete
+//! snapshot — stays). It takes no lock, starts no loop, publishes no status
+//! or heartbeat, creates nothing on the server and mutates no workload: the
+//! live agent keeps running beside it. The whole probe is bounded by
 //! [`PROBE_TIMEOUT`]; a step still running then fails as timed out. The
 //! report ([`SelfTestReport`]) is one JSON line on stdout, carrying the
 //! compiled version and one check per step run (the last one failed when
@@ -29,14 +31,17 @@ use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{AgentUpgradeAttempt, Bounded, SelfTestCheck, SelfTestReport};
 use fleet_common::limits::{
-    MAX_KV_VALUE_BYTES, MAX_WORKLOADS_PER_DEVICE, NATS_CONNECT_WINDOW, PROBE_TIMEOUT,
+    MAX_KV_VALUE_BYTES, NATS_CONNECT_WINDOW, NATS_REQUEST_TIMEOUT, PROBE_TIMEOUT,
 };
-use fleet_common::subjects::{BUCKET_CONTROL, BUCKET_DESIRED, INTENT_KEY};
+use fleet_common::subjects::{
+    device_read_keys, republish_subject, BUCKET_CONTROL, BUCKET_WORKLOADS, DESIRED_DOC_KEY,
+    INTENT_KEY,
+};
 use fleet_common::validate::{BoundedText, Version};
 
 use crate::config::{Config, PodmanMode};
-use crate::desired::{decode_value, DesiredEntry};
-use crate::nats::{self, KvConsumer, Nats, Reconnect};
+use crate::desired::{decode_value, expand_document, DesiredEntry};
+use crate::nats::{self, read_key, KeyRead, Nats, Reconnect};
 use crate::podman::Podman;
 use crate::shutdown::Shutdown;
 use crate::threads;
@@ -49,7 +54,7 @@ pub enum Step {
     NatsAuth,
     Buckets,
     DeviceKeys,
-    DesiredConsumer,
+    DesiredRead,
     UpdaterSocket,
     Snapshot,
 }
@@ -61,7 +66,7 @@ impl Step {
         Step::NatsAuth,
         Step::Buckets,
         Step::DeviceKeys,
-        Step::DesiredConsumer,
+        Step::DesiredRead,
         Step::UpdaterSocket,
         Step::Snapshot,
     ];
@@ -73,7 +78,7 @@ impl Step {
             Self::NatsAuth => "nats-auth",
             Self::Buckets => "buckets",
             Self::DeviceKeys => "device-keys",
-            Self::DesiredConsumer => "desired-consumer",
+            Self::DesiredRead => "desired-read",
             Self::UpdaterSocket => "updater-socket",
             Self::Snapshot => "snapshot",
         }
@@ -87,7 +92,7 @@ impl Step {
             Self::NatsAuth => 12,
             Self::Buckets => 13,
             Self::DeviceKeys => 14,
-            Self::DesiredConsumer => 15,
+            Self::DesiredRead => 15,
             Self::UpdaterSocket => 16,
             Self::Snapshot => 17,
         }
@@ -216,8 +221,8 @@ fn steps(config_path: &Path, tx: &mpsc::Sender<Done>) {
 struct Ctx {
     config: Option<Config>,
     nats: Option<Arc<Nats>>,
-    control: Option<KvConsumer>,
-    desired: Option<KvConsumer>,
+    control: Option<KeyRead>,
+    desired: Option<KeyRead>,
 }
 
 impl Ctx {
@@ -257,24 +262,20 @@ impl Ctx {
                 Ok(detail)
             }
             Step::Buckets => {
-                let c = self.config.as_ref().ok_or_else(missing)?;
                 let n = self.nats.as_ref().ok_or_else(missing)?;
-                let consumer = KvConsumer::create(n, BUCKET_CONTROL, c.intervals.idle_heartbeat)
-                    .map_err(|e| e.to_string())?;
+                let read = read_key(n, BUCKET_CONTROL, INTENT_KEY).map_err(|e| e.to_string())?;
                 let detail = format!(
-                    "{BUCKET_CONTROL}: device-scoped consumer created, {} keys pending",
-                    consumer.initial_pending()
+                    "{BUCKET_CONTROL}: Direct Get of {}.{INTENT_KEY} answered (sequence {})",
+                    n.device(),
+                    read.seq
                 );
-                self.control = Some(consumer);
+                self.control = Some(read);
                 Ok(detail)
             }
             Step::DeviceKeys => {
                 let c = self.config.as_ref().ok_or_else(missing)?;
-                let consumer = self.control.as_mut().ok_or_else(missing)?;
-                let snap = consumer
-                    .read_snapshot(MAX_WORKLOADS_PER_DEVICE, &mut || None)
-                    .map_err(|e| e.to_string())?;
-                let intent = match snap.keys.get(INTENT_KEY) {
+                let read = self.control.take().ok_or_else(missing)?;
+                let intent = match &read.value {
                     None => "no upgrade intent".to_owned(),
                     Some(v) if v.len() > MAX_KV_VALUE_BYTES => {
                         "an upgrade intent too large to read (the agent would reject it)".into()
@@ -292,22 +293,36 @@ impl Ctx {
                         }
                     },
                 };
-                self.control = None;
-                Ok(format!(
-                    "{BUCKET_CONTROL}: {} keys read; {intent}",
-                    snap.keys.len()
-                ))
+                Ok(format!("{BUCKET_CONTROL}: {intent}"))
             }
-            Step::DesiredConsumer => {
-                let c = self.config.as_ref().ok_or_else(missing)?;
+            Step::DesiredRead => {
                 let n = self.nats.as_ref().ok_or_else(missing)?;
-                let consumer = KvConsumer::create(n, BUCKET_DESIRED, c.intervals.idle_heartbeat)
-                    .map_err(|e| e.to_string())?;
+                // The agent subscribes to its republished keys before
+                // reading them: a candidate that may not is refused here.
+                let mut subs = Vec::new();
+                for (bucket, key) in device_read_keys(n.device()) {
+                    let subject = republish_subject(bucket, &key);
+                    let sub = n
+                        .subscribe(&subject)
+                        .map_err(|e| format!("subscribing to {subject}: {e}"))?;
+                    subs.push(sub);
+                }
+                n.flush(NATS_REQUEST_TIMEOUT)
+                    .map_err(|e| format!("flushing the subscriptions: {e}"))?;
+                let read =
+                    read_key(n, BUCKET_WORKLOADS, DESIRED_DOC_KEY).map_err(|e| e.to_string())?;
+                if let Some(e) = n.take_server_error() {
+                    return Err(format!(
+                        "the server refused a subscription to this device's republished keys: {e}"
+                    ));
+                }
+                drop(subs);
                 let detail = format!(
-                    "{BUCKET_DESIRED}: filtered consumer created, {} keys pending",
-                    consumer.initial_pending()
+                    "{BUCKET_WORKLOADS}: subscribed to the republished keys; Direct Get of {}.{DESIRED_DOC_KEY} answered (sequence {})",
+                    n.device(),
+                    read.seq
                 );
-                self.desired = Some(consumer);
+                self.desired = Some(read);
                 Ok(detail)
             }
             Step::UpdaterSocket => {
@@ -323,19 +338,16 @@ impl Ctx {
                     })
             }
             Step::Snapshot => {
-                let consumer = self.desired.as_mut().ok_or_else(missing)?;
-                let snap = consumer
-                    .read_snapshot(MAX_WORKLOADS_PER_DEVICE, &mut || None)
-                    .map_err(|e| e.to_string())?;
-                let invalid = snap
-                    .keys
+                let read = self.desired.take().ok_or_else(missing)?;
+                let seq = read.seq;
+                let workloads = expand_document(read.value)?;
+                let invalid = workloads
                     .values()
                     .filter(|v| matches!(decode_value(v), DesiredEntry::Invalid { .. }))
                     .count();
                 Ok(format!(
-                    "{BUCKET_DESIRED}: complete snapshot of {} workloads ({invalid} invalid, {} over the limit)",
-                    snap.keys.len(),
-                    snap.dropped
+                    "{BUCKET_WORKLOADS}: complete desired state at sequence {seq}: {} workloads ({invalid} invalid)",
+                    workloads.len()
                 ))
             }
         }

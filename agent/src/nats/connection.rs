@@ -259,6 +259,12 @@ impl Nats {
         self.shared.state.generation.load(Ordering::SeqCst)
     }
 
+    /// The last asynchronous error the server sent (a permissions
+    /// violation on a subscription, for instance), taken.
+    pub fn take_server_error(&self) -> Option<String> {
+        self.shared.state.take_server_error()
+    }
+
     pub fn is_connected(&self) -> bool {
         self.shared.state.connected.load(Ordering::SeqCst)
     }
@@ -299,11 +305,6 @@ impl Nats {
             }),
             other => other,
         }
-    }
-
-    /// Publishes without a reply (flow-control answers).
-    pub fn publish(&self, subject: &str, payload: &[u8]) -> io::Result<()> {
-        self.shared.link().conn.publish(subject, payload)
     }
 
     /// Subscribes on the current link (a new link bumps the generation, so

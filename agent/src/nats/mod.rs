@@ -7,20 +7,20 @@
 //!   reconnect tracking, and the [`Nats`] handle every thread shares.
 //! - [`inbox`]: request/reply over one `_INBOX.<device>.<random>.*`
 //!   subscription, with a dispatcher thread routing replies to callers.
-//! - [`consumer`]: subject-scoped push consumers on a KV bucket, flow
-//!   control, idle heartbeats, the own-key check and snapshot accounting.
-//! - [`watch`]: the thread that keeps one consumer alive and turns it into
-//!   a complete snapshot followed by deltas, recreating it after a
-//!   reconnect, a gap or three missed heartbeats. Generic over the bucket.
+//! - [`direct`]: reading one key of this device with Direct Get in the
+//!   subject-appended form (no consumer).
+//! - [`watch`]: the thread that keeps one key current: its republished
+//!   changes, a Direct Get after a subscribe, a reconnect, a gap or a
+//!   resync, and a jittered periodic check. Generic over the key.
 //! - [`kv`]: publishing a KV value and waiting for the JetStream ack.
 
 pub mod connection;
-pub mod consumer;
+pub mod direct;
 pub mod inbox;
 pub mod kv;
 pub mod watch;
 
 pub use connection::{connect, Nats, NatsError, Reconnect};
-pub use consumer::KvConsumer;
+pub use direct::{read_key, KeyRead};
 pub use kv::PublishError;
 pub use watch::{WatchEvent, WatchHandle, Watcher};

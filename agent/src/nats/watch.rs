@@ -1,15 +1,25 @@
-//! A thread that keeps one bucket's view of this device current: a
-//! complete snapshot of the device's keys, then deltas. Generic over the
-//! bucket (`fleet-desired` now, `fleet-control` for upgrade intents).
+//! A thread that keeps one key of this device current, without a JetStream
+//! consumer (DESIGN.md "How a device talks to JetStream", generation 2):
+//! the device's desired-workloads document in `fleet-workloads`, or its
+//! upgrade intent in `fleet-control`.
 //!
-//! Loop: wait until connected; create a consumer ([`KvConsumer::create`]),
-//! retrying with a growing delay; read until the pending count reaches 0
-//! (or the create response says nothing is pending: a device with no keys)
-//! and hand over the snapshot; then hand over each change. Start over with
-//! a new consumer and a new snapshot after a reconnect, a gap in the
-//! sequence, three missed heartbeats or a [`WatchStatus::request_resync`]
-//! (the end of a change freeze). Stop when shutdown is requested or the
-//! receiver of the events is gone.
+//! Loop: wait until connected; subscribe to the key's republished subject
+//! (`fleetkv.<bucket>.<device>.<key>`) first, then read the key with one
+//! Direct Get ([`read_key`]) and hand over the complete snapshot. Then apply
+//! each republished change that is newer than the value held
+//! ([`KeyTracker`]); when the republish headers show a change that never
+//! arrived (republish is at-most-once), apply the newer one and read again.
+//! Read again, too, after every reconnect (a new subscription on the new
+//! connection), when a resync is asked for (the end of a change freeze),
+//! and on a jittered periodic check, the backstop that bounds how stale a
+//! lost last change can leave the device. A read that fails is logged and
+//! retried with a growing delay; a value that fails validation is logged
+//! and the last good one kept: neither ever tears down a running workload.
+//!
+//! The value is handed over expanded into keys (`expand`): the document's
+//! workloads, or the one intent key. The first read and every re-read after
+//! a reconnect or resync hand over a [`WatchEvent::Snapshot`]; a change
+//! hands over what differs from the keys held, as puts and deletes.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -18,19 +28,27 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fleet_common::jetstream::{KeyTracker, KeyVersion, Verdict};
+use fleet_common::subjects::{kv_subject, republish_subject};
+
 use super::connection::Nats;
-use super::consumer::{KvConsumer, KvOp};
+use super::direct::{read_key, KeyRead};
+use crate::jitter::Jitter;
 use crate::shutdown::Shutdown;
 use crate::threads;
 
 /// Longest wait inside the loop before checking shutdown and the
 /// connection generation.
 const TICK: Duration = Duration::from_secs(1);
-/// Delays between failed consumer creations.
+/// Delays between failed reads.
 const FIRST_RETRY_DELAY: Duration = Duration::from_secs(1);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
 /// How long stopping waits for the thread.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Turns a key's value (`None`: absent) into the keys handed over, or says
+/// why the value is refused (the last good keys are then kept).
+pub type Expand = fn(Option<Vec<u8>>) -> Result<BTreeMap<String, Vec<u8>>, String>;
 
 /// What the watcher hands over, as raw keys and values (the receiver
 /// validates them).
@@ -47,7 +65,7 @@ struct Progress {
     snapshots: u64,
     last_keys: usize,
     last_error: Option<String>,
-    /// The current consumer has handed over its complete snapshot.
+    /// The value read since the last (re)connect has been handed over.
     in_sync: bool,
 }
 
@@ -80,13 +98,13 @@ impl WatchStatus {
         self.changed.notify_all();
     }
 
-    /// Whether the current consumer has handed over a complete snapshot
-    /// (false at start and while a new consumer reads one).
+    /// Whether a complete snapshot was handed over since the last (re)connect
+    /// (false at start and while a new one is read).
     pub fn in_sync(&self) -> bool {
         self.lock().in_sync
     }
 
-    /// Asks the watcher to replace its consumer and read a new complete
+    /// Asks the watcher to read the key again and hand over a complete
     /// snapshot, as after a reconnect.
     pub fn request_resync(&self) {
         self.resync.store(true, Ordering::SeqCst);
@@ -118,10 +136,12 @@ impl WatchStatus {
 #[derive(Debug)]
 pub struct Watcher {
     pub bucket: &'static str,
+    /// The key below `<device>.` (`desired`, `agent-upgrade-intent`).
+    pub key: &'static str,
+    pub expand: Expand,
     pub nats: Arc<Nats>,
-    pub idle_heartbeat: Duration,
-    /// Keys kept per snapshot at most; more are dropped with an error.
-    pub max_keys: usize,
+    /// The periodic backstop read, jittered by a fifth either way.
+    pub check: Duration,
     pub shutdown: Arc<Shutdown>,
 }
 
@@ -141,7 +161,7 @@ impl WatchHandle {
     }
 
     /// [`join`](Self::join) within `timeout` (a caller with its own deadline).
-    /// The consumer's wait is ended at once, not waited out.
+    /// The subscription's wait is ended at once, not waited out.
     pub fn join_within(self, timeout: Duration) {
         self.waiting.close();
         threads::join_within(self.thread, timeout, &self.name);
@@ -171,7 +191,7 @@ impl Waiting {
     }
 
     /// The watcher no longer waits on the last subscription: drops the
-    /// handle kept on it, so the consumer's own drop unsubscribes it.
+    /// handle kept on it, so the watcher's own drop unsubscribes it.
     fn clear(&self) {
         let sub = self.0.lock().unwrap_or_else(|p| p.into_inner()).sub.take();
         drop(sub);
@@ -187,16 +207,31 @@ impl Waiting {
         if let Some(sub) = sub {
             // Dropping the delivery channel's sender ends `next_timeout`.
             if let Err(e) = sub.unsubscribe() {
-                log::debug!("unsubscribing a watcher's consumer: {e}");
+                log::debug!("unsubscribing a watcher's subscription: {e}");
             }
         }
     }
 }
 
-/// Why one consumer's run ended.
+/// Why following one subscription ended.
 enum Ended {
     Stop,
     Restart(String),
+}
+
+/// Where a value came from: a snapshot read (handed over whole) or a change
+/// (handed over as what differs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Snapshot,
+    Change,
+}
+
+/// The state of the key held between reads.
+#[derive(Debug, Default)]
+struct Held {
+    tracker: KeyTracker,
+    keys: BTreeMap<String, Vec<u8>>,
 }
 
 impl Watcher {
@@ -219,6 +254,10 @@ impl Watcher {
         })
     }
 
+    fn full_key(&self) -> String {
+        format!("{}.{}", self.nats.device(), self.key)
+    }
+
     fn run(
         &self,
         status: &WatchStatus,
@@ -226,6 +265,8 @@ impl Watcher {
         sink: &mut dyn FnMut(WatchEvent) -> bool,
     ) {
         let bucket = self.bucket;
+        let subject = republish_subject(bucket, &self.full_key());
+        let mut held = Held::default();
         let mut delay = FIRST_RETRY_DELAY;
         loop {
             if self.shutdown.is_requested() {
@@ -238,14 +279,16 @@ impl Watcher {
                 continue;
             }
             let generation = self.nats.generation();
-            // A new consumer reads a new snapshot: a resync asked for
-            // until now is served by it.
+            // The read below serves a resync asked for until now.
             status.resync.store(false, Ordering::SeqCst);
-            let consumer = match KvConsumer::create(&self.nats, bucket, self.idle_heartbeat) {
-                Ok(c) => c,
+            // Subscribe before reading: a change committed after the read
+            // is then republished to us.
+            let sub = match self.nats.subscribe(&subject) {
+                Ok(s) => s,
                 Err(e) => {
-                    log::warn!(bucket = bucket; "{e}; retrying in {} s", delay.as_secs());
-                    status.record_error(e.to_string());
+                    let why = format!("subscribing to {subject}: {e}");
+                    log::warn!(bucket = bucket; "{why}; retrying in {} s", delay.as_secs());
+                    status.record_error(why);
                     if self.shutdown.sleep(delay) {
                         return;
                     }
@@ -253,79 +296,243 @@ impl Watcher {
                     continue;
                 }
             };
-            delay = FIRST_RETRY_DELAY;
-            if !waiting.set(consumer.interrupter()) {
+            if !waiting.set(sub.clone()) {
                 return;
             }
-            log::info!(bucket = bucket, consumer = consumer.name(); "consumer created, {} keys pending", consumer.initial_pending());
-            let ended = self.follow(consumer, generation, status, sink);
+            let ended = match self.read_and_hand_over(&mut held, Origin::Snapshot, status, sink) {
+                Ok(true) => {
+                    delay = FIRST_RETRY_DELAY;
+                    self.follow(&sub, generation, &mut held, status, sink)
+                }
+                Ok(false) => Ended::Stop,
+                Err(why) => {
+                    waiting.clear();
+                    log::warn!(bucket = bucket, key = self.key; "{why}; reading again in {} s", delay.as_secs());
+                    status.record_error(why);
+                    if self.shutdown.sleep(delay) {
+                        return;
+                    }
+                    delay = (delay * 2).min(MAX_RETRY_DELAY);
+                    continue;
+                }
+            };
             waiting.clear();
+            drop(sub);
             match ended {
                 Ended::Stop => return,
                 Ended::Restart(why) => {
-                    log::warn!(bucket = bucket; "{why}; creating a new consumer and reading a new snapshot");
+                    log::info!(bucket = bucket, key = self.key; "{why}; subscribing again and reading the key");
                     status.record_error(why);
                 }
             }
         }
     }
 
-    /// Reads the snapshot, then deltas, until the consumer must be replaced.
+    /// Reads the key and hands it over: a snapshot whole (always, so a
+    /// resync or reconnect re-establishes sync), a change as what differs
+    /// (only when newer). `Ok(false)` when the receiver is gone.
+    fn read_and_hand_over(
+        &self,
+        held: &mut Held,
+        origin: Origin,
+        status: &WatchStatus,
+        sink: &mut dyn FnMut(WatchEvent) -> bool,
+    ) -> Result<bool, String> {
+        let KeyRead { seq, value } =
+            read_key(&self.nats, self.bucket, self.key).map_err(|e| e.to_string())?;
+        let newer = held.tracker.on_read(seq);
+        if newer {
+            let keys = (self.expand)(value).map_err(|e| {
+                format!(
+                    "{} {} at sequence {seq} is refused: {e}",
+                    self.bucket,
+                    self.full_key()
+                )
+            })?;
+            if origin == Origin::Change {
+                let ok = hand_over_changes(&held.keys, &keys, sink);
+                held.keys = keys;
+                return Ok(ok);
+            }
+            held.keys = keys;
+        } else if origin == Origin::Change {
+            return Ok(true);
+        }
+        if !sink(WatchEvent::Snapshot(held.keys.clone())) {
+            return Ok(false);
+        }
+        status.record_snapshot(held.keys.len());
+        log::info!(bucket = self.bucket, key = self.key; "snapshot read at sequence {}: {} keys", held.tracker.held(), held.keys.len());
+        Ok(true)
+    }
+
+    /// Applies republished changes until the subscription must be replaced.
     fn follow(
         &self,
-        mut consumer: KvConsumer,
+        sub: &nats::Subscription,
         generation: u64,
+        held: &mut Held,
         status: &WatchStatus,
         sink: &mut dyn FnMut(WatchEvent) -> bool,
     ) -> Ended {
         let bucket = self.bucket;
-        let mut stop = || {
-            if self.shutdown.is_requested() {
-                Some("shutdown".to_owned())
-            } else if self.nats.generation() != generation {
-                Some("NATS reconnected".to_owned())
-            } else if status.resync.swap(false, Ordering::SeqCst) {
-                Some("a new snapshot was asked for".to_owned())
-            } else {
-                None
-            }
-        };
-        let snap = match consumer.read_snapshot(self.max_keys, &mut stop) {
-            Ok(s) => s,
-            Err(_) if self.shutdown.is_requested() => return Ended::Stop,
-            Err(e) => return Ended::Restart(e.to_string()),
-        };
-        if snap.dropped > 0 {
-            log::error!(bucket = bucket; "the snapshot has more than {} keys; {} were ignored", self.max_keys, snap.dropped);
-        }
-        let n = snap.keys.len();
-        if !sink(WatchEvent::Snapshot(snap.keys)) {
-            return Ended::Stop;
-        }
-        status.record_snapshot(n);
-        log::info!(bucket = bucket; "snapshot complete: {n} keys");
-        let tick = self.idle_heartbeat.min(TICK);
+        let mut jitter = Jitter::new();
+        let mut next_check = Instant::now() + jitter.around(self.check);
+        let mut check_delay = FIRST_RETRY_DELAY;
         loop {
-            if let Some(why) = stop() {
-                return if self.shutdown.is_requested() {
-                    Ended::Stop
-                } else {
-                    Ended::Restart(why)
-                };
-            }
-            let entry = match consumer.next(tick) {
-                Ok(Some(e)) => e,
-                Ok(None) => continue,
-                Err(_) if self.shutdown.is_requested() => return Ended::Stop,
-                Err(e) => return Ended::Restart(e.to_string()),
-            };
-            let event = match entry.op {
-                KvOp::Put(v) => WatchEvent::Put(entry.key, v),
-                KvOp::Delete => WatchEvent::Delete(entry.key),
-            };
-            if !sink(event) {
+            if self.shutdown.is_requested() {
                 return Ended::Stop;
             }
+            if self.nats.generation() != generation {
+                return Ended::Restart("NATS reconnected".to_owned());
+            }
+            let resync = status.resync.swap(false, Ordering::SeqCst);
+            let now = Instant::now();
+            if resync || now >= next_check {
+                let origin = if resync {
+                    Origin::Snapshot
+                } else {
+                    Origin::Change
+                };
+                match self.read_and_hand_over(held, origin, status, sink) {
+                    Ok(true) => {
+                        check_delay = FIRST_RETRY_DELAY;
+                        next_check = Instant::now() + jitter.around(self.check);
+                    }
+                    Ok(false) => return Ended::Stop,
+                    Err(why) if resync => return Ended::Restart(why),
+                    Err(why) => {
+                        log::warn!(bucket = bucket, key = self.key; "periodic check: {why}; trying again in {} s", check_delay.as_secs());
+                        next_check = Instant::now() + check_delay;
+                        check_delay = (check_delay * 2).min(MAX_RETRY_DELAY);
+                    }
+                }
+                continue;
+            }
+            let wait = next_check.saturating_duration_since(now).min(TICK);
+            let m = match sub.next_timeout(wait) {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
+                Err(_) if self.shutdown.is_requested() => return Ended::Stop,
+                Err(_) => {
+                    return Ended::Restart(format!(
+                        "the subscription to {} closed",
+                        republish_subject(bucket, &self.full_key())
+                    ))
+                }
+            };
+            match self.on_change(m, held, sink) {
+                Ok(true) => {}
+                Ok(false) => return Ended::Stop,
+                Err(why) => {
+                    // Read again now: the next loop turn does the check.
+                    log::warn!(bucket = bucket, key = self.key; "{why}; reading the key again");
+                    next_check = Instant::now();
+                }
+            }
         }
+    }
+
+    /// One republished message. `Err` asks for a read (a gap).
+    fn on_change(
+        &self,
+        m: nats::Message,
+        held: &mut Held,
+        sink: &mut dyn FnMut(WatchEvent) -> bool,
+    ) -> Result<bool, String> {
+        let bucket = self.bucket;
+        let expected = kv_subject(bucket, &self.full_key());
+        let headers = m.headers.as_ref();
+        let version = match KeyVersion::from_headers(|name| {
+            headers.and_then(|h| h.get(name)).map(String::as_str)
+        }) {
+            Ok(v) => v,
+            Err(e) => return Err(format!("a republished message on {} is unreadable ({e})", m.subject)),
+        };
+        if version.subject != expected {
+            log::warn!(bucket = bucket; "dropping a republished change of {}: not this device's key {expected}", version.subject);
+            return Ok(true);
+        }
+        let verdict = held.tracker.on_change(&version);
+        if verdict == Verdict::Stale {
+            log::debug!(bucket = bucket, key = self.key; "ignoring sequence {}: not newer than {}", version.seq, held.tracker.held());
+            return Ok(true);
+        }
+        let value = (!version.deleted).then_some(m.data);
+        let ok = match (self.expand)(value) {
+            Ok(keys) => {
+                let ok = hand_over_changes(&held.keys, &keys, sink);
+                held.keys = keys;
+                ok
+            }
+            Err(e) => {
+                log::error!(bucket = bucket, key = self.key; "{expected} at sequence {} is refused: {e}; keeping the last good value until a valid one is written", version.seq);
+                true
+            }
+        };
+        match verdict {
+            Verdict::ApplyAfterGap { missed_after } if ok => Err(format!(
+                "changes after sequence {missed_after} were not republished to this device (the newest, {}, was applied)",
+                version.seq
+            )),
+            _ => Ok(ok),
+        }
+    }
+}
+
+/// Hands over what differs between `old` and `new` as puts and deletes;
+/// false when the receiver is gone.
+fn hand_over_changes(
+    old: &BTreeMap<String, Vec<u8>>,
+    new: &BTreeMap<String, Vec<u8>>,
+    sink: &mut dyn FnMut(WatchEvent) -> bool,
+) -> bool {
+    for (k, v) in new {
+        if old.get(k) != Some(v) && !sink(WatchEvent::Put(k.clone(), v.clone())) {
+            return false;
+        }
+    }
+    for k in old.keys() {
+        if !new.contains_key(k) && !sink(WatchEvent::Delete(k.clone())) {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_is_handed_over_as_what_differs() {
+        let old = BTreeMap::from([
+            ("a".to_owned(), b"1".to_vec()),
+            ("b".to_owned(), b"2".to_vec()),
+        ]);
+        let new = BTreeMap::from([
+            ("a".to_owned(), b"1".to_vec()),
+            ("b".to_owned(), b"3".to_vec()),
+            ("c".to_owned(), b"4".to_vec()),
+        ]);
+        let mut got = Vec::new();
+        assert!(hand_over_changes(&old, &new, &mut |e| {
+            got.push(e);
+            true
+        }));
+        assert_eq!(
+            got,
+            vec![
+                WatchEvent::Put("b".into(), b"3".to_vec()),
+                WatchEvent::Put("c".into(), b"4".to_vec()),
+            ]
+        );
+        got.clear();
+        assert!(hand_over_changes(&new, &BTreeMap::new(), &mut |e| {
+            got.push(e);
+            true
+        }));
+        assert_eq!(got.len(), 3);
+        assert!(got.iter().all(|e| matches!(e, WatchEvent::Delete(_))));
     }
 }

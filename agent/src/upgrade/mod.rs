@@ -7,7 +7,7 @@
 //! | [`UpgradeState`] | the handle others hold: what is pending, whether forwarding is allowed |
 //! | [`recovered_transaction`] | start-up: the updater's transaction read and checked before READY |
 //! | [`UpgradeState::start`] | the recovered status published (acked) before READY, then the threads |
-//! | `agent-intent` | a [`Watcher`] on `fleet-control` `<device>.>`: the intent, snapshot then deltas |
+//! | `agent-intent` | a [`Watcher`] on `fleet-control` `<device>.agent-upgrade-intent`: the intent, read then followed |
 //! | `agent-upgrade` (`worker`) | validates, forwards, polls, publishes, records the attempts seen |
 //! | `agent-upgrade-call` | one `upgrade` request (up to 20 min), so reconciling and polling go on |
 //!
@@ -49,9 +49,6 @@ use crate::threads;
 use seen::SeenStore;
 use worker::{Msg, StopOutcome, Worker};
 
-/// Keys of this device read from `fleet-control` at most (only the intent
-/// is used; others are ignored).
-const MAX_CONTROL_KEYS: usize = 8;
 /// Delay between start-up retries of the recovered status write.
 const STARTUP_RETRY_DELAY: Duration = Duration::from_secs(2);
 
@@ -249,9 +246,10 @@ impl UpgradeState {
         let tx = self.tx.clone();
         let intents = Watcher {
             bucket: BUCKET_CONTROL,
+            key: INTENT_KEY,
+            expand: expand_intent,
             nats: s.nats,
-            idle_heartbeat: s.idle_heartbeat,
-            max_keys: MAX_CONTROL_KEYS,
+            check: s.check,
             shutdown: s.shutdown,
         }
         .spawn("agent-intent", move |event| match intent_of(event) {
@@ -268,6 +266,16 @@ impl UpgradeState {
             tx: self.tx.clone(),
         }))
     }
+}
+
+/// The intent key as the watcher hands it over: present or absent (the
+/// attempt's content is validated by the worker, which reports refusals).
+fn expand_intent(
+    value: Option<Vec<u8>>,
+) -> Result<std::collections::BTreeMap<String, Vec<u8>>, String> {
+    Ok(value
+        .map(|v| std::collections::BTreeMap::from([(INTENT_KEY.to_owned(), v)]))
+        .unwrap_or_default())
 }
 
 /// The intent in a watch event: `Some(None)` when it is absent (never
@@ -303,7 +311,8 @@ pub struct Start {
     pub nats: Arc<Nats>,
     pub layout: Layout,
     pub arch: Arch,
-    pub idle_heartbeat: Duration,
+    /// The periodic backstop read of the intent.
+    pub check: Duration,
     pub shutdown: Arc<Shutdown>,
     /// From [`recovered_transaction`].
     pub recovered: Option<UpgradeStatus>,

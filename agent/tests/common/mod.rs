@@ -224,16 +224,12 @@ pub fn bucket(admin: &nats::Connection, name: &str) -> nats::kv::Store {
 
 /// Puts a workload spec (JSON text) for `device`.
 pub fn put_workload(admin: &nats::Connection, device: &str, workload: &str, spec: &str) -> u64 {
-    bucket(admin, "fleet-desired")
-        .put(&format!("{device}.{workload}"), spec.as_bytes())
-        .unwrap_or_else(|e| panic!("put {device}.{workload}: {e}"))
+    fleet_harness::desired::put_workload(admin, device, workload, spec)
 }
 
 /// Deletes a workload of `device`.
 pub fn delete_workload(admin: &nats::Connection, device: &str, workload: &str) {
-    bucket(admin, "fleet-desired")
-        .delete(&format!("{device}.{workload}"))
-        .unwrap_or_else(|e| panic!("delete {device}.{workload}: {e}"));
+    fleet_harness::desired::delete_workload(admin, device, workload)
 }
 
 /// A status value of `device`, parsed; `None` when absent.

@@ -12,6 +12,7 @@
 
 mod builds;
 mod callout;
+pub mod desired;
 mod device;
 mod https;
 mod idp;
