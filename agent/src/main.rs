@@ -79,9 +79,10 @@ Exit codes:
   10  config            invalid or unreadable configuration
   11  podman            Podman not reachable
   12  nats-auth         NATS connection or credentials
-  13  buckets           (probe) no device-scoped consumer on fleet-control
-  14  device-keys       (probe) the device's fleet-control keys not read
-  15  desired-consumer  (probe) the filtered fleet-desired consumer not created
+  13  buckets           (probe) the fleet-control intent key does not answer a Direct Get
+  14  device-keys       (probe) the intent read is not understood
+  15  desired-read      (probe) the republished keys cannot be subscribed to, or the
+                        fleet-workloads document cannot be read (Direct Get)
   16  updater-socket    (probe) the updater socket does not accept connections
   17  snapshot          no complete desired-state snapshot
   20  lock              another fleet-agent holds the lock (or the run or state

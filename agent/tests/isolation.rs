@@ -300,6 +300,150 @@ fn device_reads_only_its_own_keys(setup: &Setup) {
     }
 }
 
+/// Generation 2: Direct Get and republished subjects. A device reads its
+/// own two keys and hears their changes; it cannot read another device's
+/// keys by any Direct Get form (another device's subject, a wildcard, the
+/// batch forms in a body, the API without a subject) nor listen to another
+/// device's republished changes.
+fn device_reads_only_its_own_keys_without_consumers(setup: &Setup) {
+    let admin = setup.admin();
+    put_workload(&admin, "dev1", "web", r#"{"image":"localhost/web:1"}"#);
+    put_workload(
+        &admin,
+        "dev2",
+        "secret",
+        r#"{"image":"localhost/secret:1"}"#,
+    );
+    let a = Dev::connect(setup, "dev1");
+    let b = Dev::connect(setup, "dev2");
+    let get = |bucket: &str, key: &str| {
+        format!("fleetapi.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}")
+    };
+
+    // Allowed: A's own document, and its intent (never written: 404).
+    let own = a
+        .request(&get("fleet-workloads", "dev1.desired"), None, "", REPLY)
+        .expect("A may read its own document");
+    assert!(
+        String::from_utf8_lossy(&own.data).contains("localhost/web:1"),
+        "{}",
+        String::from_utf8_lossy(&own.data)
+    );
+    let headers = own.headers.as_ref().expect("Direct Get headers");
+    assert_eq!(
+        headers.get("Nats-Subject").map(String::as_str),
+        Some("$KV.fleet-workloads.dev1.desired")
+    );
+    let intent = a
+        .request(
+            &get("fleet-control", "dev1.agent-upgrade-intent"),
+            None,
+            "",
+            REPLY,
+        )
+        .expect("A may read its own intent");
+    assert_eq!(
+        intent
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Status"))
+            .map(String::as_str),
+        Some("404")
+    );
+
+    // B's keys, a wildcard, every device's keys, the API without a subject
+    // and the raw JetStream API: not A's to publish to.
+    for subject in [
+        get("fleet-workloads", "dev2.desired"),
+        get("fleet-control", "dev2.agent-upgrade-intent"),
+        get("fleet-workloads", "*.desired"),
+        get("fleet-workloads", "dev1.>"),
+        get("fleet-workloads", ">"),
+        "fleetapi.DIRECT.GET.KV_fleet-workloads".to_owned(),
+        "$JS.API.DIRECT.GET.KV_fleet-workloads.$KV.fleet-workloads.dev2.desired".to_owned(),
+        "$JS.API.DIRECT.GET.KV_fleet-workloads".to_owned(),
+    ] {
+        let reply = a.request(&subject, None, "", NO_REPLY);
+        a.violation("Publish", &subject);
+        assert!(reply.is_none(), "{subject} answered");
+    }
+    // A's own subject with a batch or other-key request in the body: the
+    // subject-appended form takes no body, so nothing of B's comes back.
+    for body in [
+        r#"{"multi_last":["$KV.fleet-workloads.>"],"batch":10}"#,
+        r#"{"last_by_subj":"$KV.fleet-workloads.dev2.desired"}"#,
+        r#"{"next_by_subj":"$KV.fleet-workloads.dev2.desired","seq":1}"#,
+    ] {
+        let reply = a.request(&get("fleet-workloads", "dev1.desired"), None, body, REPLY);
+        if let Some(m) = reply {
+            assert!(
+                !String::from_utf8_lossy(&m.data).contains("secret"),
+                "B's document reached A through a body {body}"
+            );
+            assert!(
+                m.headers
+                    .as_ref()
+                    .and_then(|h| h.get("Status"))
+                    .is_some_and(|s| s.starts_with('4')),
+                "a request body was honoured: {body}"
+            );
+        }
+    }
+
+    // A hears its own changes, and none of B's.
+    let own_changes = a
+        .conn
+        .subscribe("fleetkv.fleet-workloads.dev1.desired")
+        .expect("own republished subject");
+    let spies: Vec<nats::Subscription> = [
+        "fleetkv.fleet-workloads.dev2.desired",
+        "fleetkv.fleet-control.dev2.agent-upgrade-intent",
+        "fleetkv.fleet-workloads.*.desired",
+        "fleetkv.>",
+    ]
+    .into_iter()
+    .map(|subject| {
+        let sub = a.conn.subscribe(subject).expect("subscribe is sent");
+        a.violation("Subscription", subject);
+        sub
+    })
+    .collect();
+    let b_changes = b
+        .conn
+        .subscribe("fleetkv.fleet-workloads.dev2.desired")
+        .expect("B's own republished subject");
+    b.conn.flush().expect("flush");
+    a.conn.flush().expect("flush");
+    put_workload(&admin, "dev2", "more", r#"{"image":"localhost/more:1"}"#);
+    put_workload(&admin, "dev1", "api", r#"{"image":"localhost/api:1"}"#);
+    let m = b_changes.next_timeout(REPLY).expect("B hears its change");
+    assert!(String::from_utf8_lossy(&m.data).contains("localhost/more:1"));
+    let m = own_changes.next_timeout(REPLY).expect("A hears its change");
+    assert!(String::from_utf8_lossy(&m.data).contains("localhost/api:1"));
+    assert!(!String::from_utf8_lossy(&m.data).contains("secret"));
+    for spy in spies {
+        assert!(
+            spy.next_timeout(Duration::from_millis(100)).is_err(),
+            "A heard B's changes"
+        );
+    }
+}
+
+#[test]
+fn device_reads_only_its_own_keys_without_consumers_2_9() {
+    device_reads_only_its_own_keys_without_consumers(&Setup::start(NatsVersion::V2_9));
+}
+
+#[test]
+fn device_reads_only_its_own_keys_without_consumers_2_14() {
+    device_reads_only_its_own_keys_without_consumers(&Setup::start(NatsVersion::V2_14));
+}
+
+#[test]
+fn device_reads_only_its_own_keys_without_consumers_through_the_callout() {
+    device_reads_only_its_own_keys_without_consumers(&Setup::start_callout());
+}
+
 #[test]
 fn device_reads_only_its_own_keys_2_9() {
     device_reads_only_its_own_keys(&Setup::start(NatsVersion::V2_9));

@@ -1,13 +1,18 @@
-//! NATS going away under a running agent: a server restart (in-memory
-//! consumers gone), a consumer deleted by the server, and a cluster node
-//! killed. Each time the agent makes a new consumer, reads a new snapshot,
-//! applies changes again — and never restarts a healthy container.
+//! NATS going away under a running agent, and republished changes that
+//! never arrive: a server restart, a change written while the bucket did
+//! not republish (caught by the republish chain of the next change, or by
+//! the periodic check), and a cluster node killed. Each time the agent reads
+//! its keys again, applies what changed — and never restarts a healthy
+//! container.
 
 mod common;
 
 use std::time::Duration;
 
 use common::*;
+use fleet_common::contracts::WorkloadsReport;
+use fleet_common::nats_config::{kv_stream_config, stream_update_subject, FLEET_BUCKETS};
+use fleet_common::subjects::BUCKET_WORKLOADS;
 use fleet_harness::{poll_until, NatsCluster, NatsServer, NatsVersion, Podman};
 
 fn restart_converges_without_restarting_healthy_containers(v: NatsVersion) {
@@ -23,7 +28,7 @@ fn restart_converges_without_restarting_healthy_containers(v: NatsVersion) {
     agent.wait_for_line_after(from, "NATS reconnected", CONVERGE);
     agent.wait_for_line_after(from, "snapshot complete", CONVERGE);
 
-    // Changes made after the restart reach the agent through its new consumer.
+    // Changes made after the restart reach the agent on its new subscription.
     let admin = nats.admin();
     put_workload(&admin, "dev1", "api", &quick_sleeper(&podman, "api"));
     wait_running(
@@ -57,53 +62,98 @@ fn restart_converges_without_restarting_healthy_containers_2_14() {
     restart_converges_without_restarting_healthy_containers(NatsVersion::V2_14);
 }
 
-/// The server deletes the agent's consumer: idle heartbeats stop, and after
-/// three missed ones the agent creates a new consumer.
-fn a_lost_consumer_is_replaced_after_missed_heartbeats(v: NatsVersion) {
-    let podman = Podman::new();
-    let nats = NatsServer::start_fleet(v, &["dev1"]);
-    let admin = nats.admin();
-    let dev = Device::new("dev1", &Settings::new(vec![nats.url()]), Some(&podman));
-    let agent = dev.start(Some(&podman));
-    let created = agent.wait_for_line("consumer created", CONVERGE);
-    let name = created
-        .split("consumer=")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .expect("the log names the consumer")
-        .to_owned();
-    let from = agent.line_count();
+/// Sets `fleet-workloads`' republish on or off, as a lost republished
+/// message looks to the agent (republish is at-most-once).
+fn set_republish(admin: &nats::Connection, on: bool) {
+    let spec = FLEET_BUCKETS
+        .iter()
+        .find(|b| b.bucket == BUCKET_WORKLOADS)
+        .expect("fleet-workloads is a fleet bucket");
+    let mut config = kv_stream_config(spec, 1);
+    if !on {
+        config
+            .as_object_mut()
+            .expect("a stream config is an object")
+            .remove("republish");
+    }
     let reply = admin
         .request_timeout(
-            &format!("$JS.API.CONSUMER.DELETE.KV_fleet-desired.{name}"),
-            "",
+            &stream_update_subject(BUCKET_WORKLOADS),
+            config.to_string(),
             Duration::from_secs(5),
         )
-        .expect("delete the consumer");
-    assert!(
-        String::from_utf8_lossy(&reply.data).contains("\"success\":true"),
-        "{}",
-        String::from_utf8_lossy(&reply.data)
+        .expect("update the stream");
+    let v: serde_json::Value = serde_json::from_slice(&reply.data).expect("json");
+    assert!(v.get("error").is_none(), "{v}");
+}
+
+/// The desired workloads the agent reports (Podman disabled: every desired
+/// workload is reported pending).
+fn reported(admin: &nats::Connection) -> Vec<String> {
+    status::<WorkloadsReport>(admin, "dev1", "workloads")
+        .map(|r| r.workloads.keys().map(|w| w.as_str().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// A change that was never republished is applied when the next change's
+/// republish headers show the gap (the agent reads the key again), and a
+/// lost last change is read by the periodic check.
+fn lost_republished_changes_are_caught(v: NatsVersion) {
+    let nats = NatsServer::start_fleet(v, &["dev1"]);
+    let admin = nats.admin();
+    let spec = r#"{"image":"localhost/fleet-test/sleeper:1"}"#;
+
+    // The republish chain: "a" is written unseen, "b" arrives with a
+    // previous sequence the agent never held.
+    let dev = Device::new(
+        "dev1",
+        &Settings {
+            podman: false,
+            ..Settings::new(vec![nats.url()])
+        },
+        None,
     );
-    agent.wait_for_line_after(from, "not even a heartbeat", CONVERGE);
-    agent.wait_for_line_after(from, "snapshot complete", CONVERGE);
-    put_workload(&admin, "dev1", "web", &quick_sleeper(&podman, "v1"));
-    wait_running(
-        &podman,
-        "fleet-web",
-        "web running through the new consumer",
-        |_| true,
+    let agent = dev.start(None);
+    agent.wait_for_line("snapshot complete", CONVERGE);
+    set_republish(&admin, false);
+    put_workload(&admin, "dev1", "a", spec);
+    set_republish(&admin, true);
+    let from = agent.line_count();
+    put_workload(&admin, "dev1", "b", spec);
+    poll_until("a and b reported", CONVERGE, || {
+        (reported(&admin) == ["a", "b"]).then_some(())
+    });
+    agent.wait_for_line_after(from, "were not republished to this device", CONVERGE);
+    drop(agent);
+
+    // The periodic check: the last change is lost, nothing follows it.
+    let dev = Device::new(
+        "dev1",
+        &Settings {
+            podman: false,
+            check_secs: 2,
+            ..Settings::new(vec![nats.url()])
+        },
+        None,
     );
+    let agent = dev.start(None);
+    agent.wait_for_line("snapshot complete", CONVERGE);
+    set_republish(&admin, false);
+    delete_workload(&admin, "dev1", "a");
+    poll_until("a removed by the periodic check", CONVERGE, || {
+        (reported(&admin) == ["b"]).then_some(())
+    });
+    set_republish(&admin, true);
 }
 
 #[test]
-fn a_lost_consumer_is_replaced_after_missed_heartbeats_2_9() {
-    a_lost_consumer_is_replaced_after_missed_heartbeats(NatsVersion::V2_9);
+fn lost_republished_changes_are_caught_2_9() {
+    lost_republished_changes_are_caught(NatsVersion::V2_9);
 }
 
 #[test]
-fn a_lost_consumer_is_replaced_after_missed_heartbeats_2_14() {
-    a_lost_consumer_is_replaced_after_missed_heartbeats(NatsVersion::V2_14);
+fn lost_republished_changes_are_caught_2_14() {
+    lost_republished_changes_are_caught(NatsVersion::V2_14);
 }
 
 /// A 3-node cluster (R3 buckets): the node the agent is connected to is

@@ -38,7 +38,7 @@ fn names(r: &SelfTestReport) -> Vec<String> {
 
 /// Last sequence of each bucket's stream.
 fn stream_seqs(admin: &nats::Connection) -> BTreeMap<&'static str, u64> {
-    ["fleet-desired", "fleet-control", "fleet-status"]
+    ["fleet-workloads", "fleet-desired", "fleet-control", "fleet-status"]
         .into_iter()
         .map(|b| {
             let r = admin
@@ -97,7 +97,7 @@ fn probe_changes_nothing(v: NatsVersion) {
             "nats-auth",
             "buckets",
             "device-keys",
-            "desired-consumer",
+            "desired-read",
             "updater-socket",
             "snapshot"
         ]
@@ -112,7 +112,7 @@ fn probe_changes_nothing(v: NatsVersion) {
     assert!(
         snapshot
             .as_str()
-            .contains("complete snapshot of 2 workloads (1 invalid"),
+            .contains(": 2 workloads (1 invalid)"),
         "{snapshot}"
     );
 
@@ -195,7 +195,7 @@ fn each_failing_step_has_its_exit_code() {
     let (code, _, out) = probe(&dev, Some(&podman));
     assert_eq!(code, 12, "{out}");
 
-    // desired-consumer, then buckets: the streams are gone.
+    // desired-read, then buckets: the streams are gone.
     let dev = Device::new("dev1", &Settings::new(vec![nats.url()]), Some(&podman));
     let _updater = dev.fake_updater_socket();
     let delete = |b: &str| {
@@ -207,10 +207,10 @@ fn each_failing_step_has_its_exit_code() {
             )
             .expect("delete stream");
     };
-    delete("fleet-desired");
+    delete("fleet-workloads");
     let (code, report, out) = probe(&dev, Some(&podman));
     assert_eq!(code, 15, "{out}");
-    assert_eq!(failed(&report), Some(("desired-consumer".into(), false)));
+    assert_eq!(failed(&report), Some(("desired-read".into(), false)));
     delete("fleet-control");
     let (code, _, out) = probe(&dev, Some(&podman));
     assert_eq!(code, 13, "{out}");

@@ -1,15 +1,26 @@
-//! `fleetctl workload apply|rm|ls`: a device's desired workloads in
-//! `fleet-desired`. A spec is validated before it is written (a spec the
-//! agent would refuse is refused here, naming the field) and written in
-//! its canonical form.
+//! `fleetctl workload apply|rm|ls`: a device's desired workloads. A spec is
+//! validated before it is written (a spec the agent would refuse is refused
+//! here, naming the field) and written in its canonical form.
+//!
+//! Generation-2 agents read one document per device, `fleet-workloads`
+//! `<device>.desired` ([`DesiredWorkloads`]): apply and rm read it, change
+//! one workload and write it back by compare-and-set (re-read and retried
+//! when another operator wrote in between). Agent 0.1.0 reads
+//! `fleet-desired` `<device>.<workload>`: as long as that bucket exists (a
+//! fleet that may still run 0.1.0, or roll back to it), the same change is
+//! written there too, after the document. Deleting the bucket retires it
+//! (README "Mixed fleets").
 
 use std::fmt::Write;
 use std::path::Path;
 
-use fleet_common::contracts::{WorkloadSpec, WorkloadsReport};
+use fleet_common::contracts::{DesiredWorkloads, DesiredWorkloadsRaw, WorkloadSpec, WorkloadsReport};
 use fleet_common::durable;
-use fleet_common::limits::MAX_KV_VALUE_BYTES;
-use fleet_common::subjects::{desired_key, status_key, StatusKey, BUCKET_DESIRED, BUCKET_STATUS};
+use fleet_common::limits::{MAX_DESIRED_DOC_BYTES, MAX_KV_VALUE_BYTES, MAX_WORKLOADS_PER_DEVICE};
+use fleet_common::subjects::{
+    desired_doc_key, desired_key, status_key, StatusKey, BUCKET_DESIRED, BUCKET_STATUS,
+    BUCKET_WORKLOADS,
+};
 use fleet_common::validate::{DeviceId, WorkloadName};
 
 use crate::error::CtlError;
@@ -55,26 +66,141 @@ pub fn apply(
     let spec = WorkloadSpec::from_json(&bytes)
         .map_err(|e| CtlError::Input(format!("{}: {e}", file.display())))?;
     let canonical = serde_json::to_vec(&spec).map_err(|e| CtlError::Input(e.to_string()))?;
-    let key = desired_key(&d, &w);
-    let rev = kv(conn, BUCKET_DESIRED)?
-        .put(&key, canonical)
-        .map_err(CtlError::nats(format!("writing {BUCKET_DESIRED} {key}")))?;
+    let rev = edit_document(conn, &d, |doc| {
+        if !doc.workloads.contains_key(&w) && doc.workloads.len() >= MAX_WORKLOADS_PER_DEVICE {
+            return Err(CtlError::Input(format!(
+                "device {d} already has {MAX_WORKLOADS_PER_DEVICE} workloads, the most one device runs"
+            )));
+        }
+        doc.workloads.insert(w.clone(), spec.clone());
+        Ok(())
+    })?;
+    if let Some(legacy) = legacy_store(conn)? {
+        let key = desired_key(&d, &w);
+        legacy
+            .put(&key, canonical)
+            .map_err(CtlError::nats(format!("writing {BUCKET_DESIRED} {key} (for agents 0.1.0)")))?;
+    }
     Ok((rev, spec.spec_hash().as_str().to_owned()))
 }
 
 /// Removes a desired workload (the agent removes its container).
 pub fn rm(conn: &nats::Connection, device: &str, workload: &str) -> Result<(), CtlError> {
     let (d, w) = ids(device, workload)?;
-    let key = desired_key(&d, &w);
-    kv(conn, BUCKET_DESIRED)?
-        .delete(&key)
-        .map_err(CtlError::nats(format!("deleting {BUCKET_DESIRED} {key}")))
+    edit_document(conn, &d, |doc| {
+        doc.workloads.remove(&w);
+        Ok(())
+    })?;
+    if let Some(legacy) = legacy_store(conn)? {
+        let key = desired_key(&d, &w);
+        legacy
+            .delete(&key)
+            .map_err(CtlError::nats(format!("deleting {BUCKET_DESIRED} {key} (for agents 0.1.0)")))?;
+    }
+    Ok(())
+}
+
+/// Read-modify-write attempts of one document before giving up (each lost
+/// attempt means another operator wrote that device in between).
+const CAS_ATTEMPTS: usize = 5;
+
+/// A device's desired-workloads document and its revision (`None`: never
+/// written, or deleted).
+pub fn read_document(
+    conn: &nats::Connection,
+    device: &DeviceId,
+) -> Result<(DesiredWorkloads, Option<u64>), CtlError> {
+    let key = desired_doc_key(device);
+    let entry = kv(conn, BUCKET_WORKLOADS)?
+        .entry(&key)
+        .map_err(CtlError::nats(format!("reading {BUCKET_WORKLOADS} {key}")))?;
+    match entry {
+        None => Ok((DesiredWorkloads::default(), None)),
+        Some(e) if e.value.is_empty() => Ok((DesiredWorkloads::default(), Some(e.revision))),
+        Some(e) => serde_json::from_slice::<DesiredWorkloads>(&e.value)
+            .map(|doc| (doc, Some(e.revision)))
+            .map_err(|err| {
+                CtlError::Refused(format!(
+                    "{BUCKET_WORKLOADS} {key} (revision {}) is not a valid desired-workloads document: {err}; inspect it with `nats kv get {BUCKET_WORKLOADS} {key}` and rewrite or delete it",
+                    e.revision
+                ))
+            }),
+    }
+}
+
+/// Changes `device`'s document with `edit` and writes it back by
+/// compare-and-set; returns the new revision.
+fn edit_document(
+    conn: &nats::Connection,
+    device: &DeviceId,
+    mut edit: impl FnMut(&mut DesiredWorkloads) -> Result<(), CtlError>,
+) -> Result<u64, CtlError> {
+    let store = kv(conn, BUCKET_WORKLOADS)?;
+    let key = desired_doc_key(device);
+    for _ in 0..CAS_ATTEMPTS {
+        let (mut doc, revision) = read_document(conn, device)?;
+        edit(&mut doc)?;
+        let bytes = serde_json::to_vec(&doc).map_err(|e| CtlError::Input(e.to_string()))?;
+        if bytes.len() > MAX_DESIRED_DOC_BYTES {
+            return Err(CtlError::Input(format!(
+                "device {device}'s desired workloads would take {} bytes, more than the {MAX_DESIRED_DOC_BYTES} one document holds",
+                bytes.len()
+            )));
+        }
+        let written = match revision {
+            Some(r) => store.update(&key, &bytes, r),
+            None => store.create(&key, &bytes),
+        };
+        match written {
+            Ok(rev) => return Ok(rev),
+            Err(e) if is_wrong_last_sequence(&e) => continue,
+            Err(e) => {
+                return Err(CtlError::Nats {
+                    what: format!("writing {BUCKET_WORKLOADS} {key}"),
+                    detail: e.to_string(),
+                })
+            }
+        }
+    }
+    Err(CtlError::Conflict(format!(
+        "{BUCKET_WORKLOADS} {key} changed under each of {CAS_ATTEMPTS} attempts (other operators are writing it); nothing was written: run the command again"
+    )))
+}
+
+/// Whether a KV write failed the compare-and-set check.
+fn is_wrong_last_sequence(e: &std::io::Error) -> bool {
+    let text = e.to_string();
+    text.contains("wrong last sequence") || text.contains("10071") || text.contains("key exists")
+}
+
+/// `fleet-desired`, while it exists (generation 1 not yet retired).
+fn legacy_store(conn: &nats::Connection) -> Result<Option<nats::kv::Store>, CtlError> {
+    match nats::jetstream::new(conn.clone()).key_value(BUCKET_DESIRED) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.to_string().contains("not found") => Ok(None),
+        Err(e) => Err(CtlError::Nats {
+            what: format!("opening bucket {BUCKET_DESIRED} (agents 0.1.0 read it)"),
+            detail: e.to_string(),
+        }),
+    }
 }
 
 /// A device's desired workloads, with what the device reports of each.
 pub fn ls(conn: &nats::Connection, device: &str) -> Result<String, CtlError> {
     let d = DeviceId::parse(device).map_err(|e| CtlError::Input(e.to_string()))?;
-    let desired = js::read_last(conn, BUCKET_DESIRED, &format!("$KV.{BUCKET_DESIRED}.{d}.*"))?;
+    let key = desired_doc_key(&d);
+    let raw = kv(conn, BUCKET_WORKLOADS)?
+        .get(&key)
+        .map_err(CtlError::nats(format!("reading {BUCKET_WORKLOADS} {key}")))?
+        .filter(|v| !v.is_empty());
+    let doc = match raw {
+        None => None,
+        Some(bytes) => Some(DesiredWorkloadsRaw::from_json(&bytes).map_err(|e| {
+            CtlError::Refused(format!(
+                "{BUCKET_WORKLOADS} {key}: {e}; inspect it with `nats kv get {BUCKET_WORKLOADS} {key}` and rewrite or delete it"
+            ))
+        })?),
+    };
     let report: Option<WorkloadsReport> = js::read_last(
         conn,
         BUCKET_STATUS,
@@ -87,11 +213,7 @@ pub fn ls(conn: &nats::Connection, device: &str) -> Result<String, CtlError> {
     .find_map(|e| e.value)
     .and_then(|b| serde_json::from_slice(&b).ok());
     let mut out = String::new();
-    let prefix = format!("{d}.");
-    for e in desired {
-        let (Some(name), Some(value)) = (e.key.strip_prefix(&prefix), e.value) else {
-            continue;
-        };
+    for (name, spec) in doc.iter().flat_map(|doc| doc.workloads.iter()) {
         let observed = report
             .as_ref()
             .and_then(|r| {
@@ -102,7 +224,7 @@ pub fn ls(conn: &nats::Connection, device: &str) -> Result<String, CtlError> {
             .map_or("not reported".to_owned(), |w| {
                 state_name(w.state).to_owned()
             });
-        match WorkloadSpec::from_json(&value) {
+        match WorkloadSpec::from_json(spec.get().as_bytes()) {
             Ok(spec) => {
                 let hash = spec.spec_hash();
                 let _ = writeln!(

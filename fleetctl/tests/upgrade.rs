@@ -549,7 +549,7 @@ fn workload_ls_and_rm() {
         spec.to_str().expect("utf8"),
     ]);
     assert_eq!(code, 0, "{err}");
-    f.put("fleet-desired", "dev1.broken", b"{\"image\":\"\"}");
+    fleet_harness::desired::put_workload(&f.admin, "dev1", "broken", "{\"image\":\"\"}");
     let (code, out, _) = f.run(&["workload", "ls", "dev1"]);
     assert_eq!(code, 0);
     let lines: Vec<&str> = out.lines().collect();

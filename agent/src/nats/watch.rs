@@ -362,7 +362,7 @@ impl Watcher {
             return Ok(false);
         }
         status.record_snapshot(held.keys.len());
-        log::info!(bucket = self.bucket, key = self.key; "snapshot read at sequence {}: {} keys", held.tracker.held(), held.keys.len());
+        log::info!(bucket = self.bucket, key = self.key, seq = held.tracker.held(); "snapshot complete: {} keys", held.keys.len());
         Ok(true)
     }
 

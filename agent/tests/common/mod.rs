@@ -21,7 +21,9 @@ pub const CONVERGE: Duration = Duration::from_secs(60);
 /// Tests run with short intervals so they poll seconds, not minutes.
 pub const HEARTBEAT_SECS: u64 = 1;
 pub const RESYNC_SECS: u64 = 2;
-pub const IDLE_HEARTBEAT_SECS: u64 = 1;
+/// The periodic backstop read, long by default so that a test of the
+/// republished path cannot pass through it.
+pub const CHECK_SECS: u64 = 3600;
 
 /// A device's temp root: config, password file, run and state dirs.
 #[derive(Debug)]
@@ -41,6 +43,8 @@ pub struct Settings {
     pub password: Option<String>,
     /// `nats.auth` instead of the device's user and password.
     pub auth: Option<serde_json::Value>,
+    /// `intervals.check-secs`.
+    pub check_secs: u64,
 }
 
 impl Settings {
@@ -51,6 +55,7 @@ impl Settings {
             pull_timeout_secs: 60,
             password: None,
             auth: None,
+            check_secs: CHECK_SECS,
         }
     }
 }
@@ -92,7 +97,7 @@ impl Device {
             "intervals": {
                 "heartbeat-secs": HEARTBEAT_SECS,
                 "resync-secs": RESYNC_SECS,
-                "idle-heartbeat-secs": IDLE_HEARTBEAT_SECS,
+                "check-secs": settings.check_secs,
             },
             "root": root.path(),
         });

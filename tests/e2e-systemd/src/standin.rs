@@ -19,7 +19,7 @@ use fleet_common::validate::{BoundedText, Version};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SelfTest {
     Pass,
-    /// Exits 15 (the agent's desired-consumer failure) with a failed check.
+    /// Exits 15 (the agent's desired-read failure) with a failed check.
     Fail,
 }
 
@@ -101,7 +101,7 @@ impl StandIn {
         });
         if self.self_test == SelfTest::Fail {
             report.checks.push(SelfTestCheck {
-                name: BoundedText::parse("desired-consumer").expect("name"),
+                name: BoundedText::parse("desired-read").expect("name"),
                 ok: false,
                 detail: Some(
                     BoundedText::parse("end-to-end stand-in: fails its probe on purpose")

@@ -177,7 +177,7 @@ fn a_candidate_that_fails_its_probe_never_stops_the_running_agent() {
     let error = status.error.expect("an error").to_string();
     assert!(
         error.contains("candidate self-test failed with exit code 15")
-            && error.contains("desired-consumer: end-to-end stand-in: fails its probe on purpose"),
+            && error.contains("desired-read: end-to-end stand-in: fails its probe on purpose"),
         "{error}"
     );
     // The same run of the same process: never stopped.
