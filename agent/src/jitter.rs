@@ -43,7 +43,10 @@ mod tests {
         let mut j = Jitter::new();
         for _ in 0..1000 {
             let d = j.around(Duration::from_secs(300));
-            assert!(d >= Duration::from_secs(240) && d <= Duration::from_secs(360), "{d:?}");
+            assert!(
+                d >= Duration::from_secs(240) && d <= Duration::from_secs(360),
+                "{d:?}"
+            );
         }
     }
 }

@@ -316,9 +316,8 @@ fn device_reads_only_its_own_keys_without_consumers(setup: &Setup) {
     );
     let a = Dev::connect(setup, "dev1");
     let b = Dev::connect(setup, "dev2");
-    let get = |bucket: &str, key: &str| {
-        format!("fleetapi.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}")
-    };
+    let get =
+        |bucket: &str, key: &str| format!("fleetapi.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}");
 
     // Allowed: A's own document, and its intent (never written: 404).
     let own = a

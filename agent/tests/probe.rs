@@ -38,20 +38,25 @@ fn names(r: &SelfTestReport) -> Vec<String> {
 
 /// Last sequence of each bucket's stream.
 fn stream_seqs(admin: &nats::Connection) -> BTreeMap<&'static str, u64> {
-    ["fleet-workloads", "fleet-desired", "fleet-control", "fleet-status"]
-        .into_iter()
-        .map(|b| {
-            let r = admin
-                .request_timeout(
-                    &format!("$JS.API.STREAM.INFO.KV_{b}"),
-                    "",
-                    Duration::from_secs(5),
-                )
-                .expect("stream info");
-            let v: serde_json::Value = serde_json::from_slice(&r.data).expect("json");
-            (b, v["state"]["last_seq"].as_u64().expect("last_seq"))
-        })
-        .collect()
+    [
+        "fleet-workloads",
+        "fleet-desired",
+        "fleet-control",
+        "fleet-status",
+    ]
+    .into_iter()
+    .map(|b| {
+        let r = admin
+            .request_timeout(
+                &format!("$JS.API.STREAM.INFO.KV_{b}"),
+                "",
+                Duration::from_secs(5),
+            )
+            .expect("stream info");
+        let v: serde_json::Value = serde_json::from_slice(&r.data).expect("json");
+        (b, v["state"]["last_seq"].as_u64().expect("last_seq"))
+    })
+    .collect()
 }
 
 /// Every file under `root` with its size and modification time.
@@ -110,9 +115,7 @@ fn probe_changes_nothing(v: NatsVersion) {
         .and_then(|c| c.detail.clone())
         .expect("detail");
     assert!(
-        snapshot
-            .as_str()
-            .contains(": 2 workloads (1 invalid)"),
+        snapshot.as_str().contains(": 2 workloads (1 invalid)"),
         "{snapshot}"
     );
 

@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 
 use common::status;
 use fleet_common::contracts::{
-    DeviceInfo, Journal, SeenAttempts, UpgradePhase, UpgradeReason, UpgradeStatus,
+    DeviceInfo, Journal, SeenAttempts, UpgradePhase, UpgradeReason, UpgradeStatus, WorkloadsReport,
 };
 use fleet_common::validate::{Arch, AttemptUuid, Sha256Hex, Version};
 use fleet_harness::{
     bin_path, device_password, device_root, poll_until, test_agent_path, test_updater_path,
     Behavior, ChildGuard, DeviceRoot, HttpsServer, NatsServer, NatsVersion, TestCa,
-    NATS_ADMIN_PASSWORD, UPGRADE_TEST_VERSION,
+    NATS_ADMIN_PASSWORD, RELEASED_AGENT_VERSION, UPGRADE_TEST_VERSION,
 };
 use tempfile::TempDir;
 
@@ -64,6 +64,11 @@ fn compiled_version(binary: &Path) -> String {
 
 impl Rig {
     fn new(v: NatsVersion) -> Rig {
+        Rig::with_agent(v, PathBuf::from(env!("CARGO_BIN_EXE_fleet-agent")))
+    }
+
+    /// A rig whose device starts on `agent` (installed as its compiled version).
+    fn with_agent(v: NatsVersion, agent: PathBuf) -> Rig {
         assert_eq!(
             fleet_common::users::current_ids().0,
             0,
@@ -81,7 +86,6 @@ impl Rig {
             format!("{NATS_ADMIN_PASSWORD}\n"),
         )
         .expect("write");
-        let agent = PathBuf::from(env!("CARGO_BIN_EXE_fleet-agent"));
         let v1 = compiled_version(&agent);
         let url = nats.url();
         let device = device_root(&agent, &v1, |root| {
@@ -347,6 +351,70 @@ fn an_upgrade_completes_and_the_new_agent_reports() {
         Some(uuid)
     );
     assert!(updater.try_wait().is_none(), "the updater keeps running");
+}
+
+/// A mixed fleet: a device running the released agent 0.1.0 (a consumer per
+/// device, generation 1) is served by today's server config and buckets,
+/// follows `fleetctl workload` through the legacy keys, and upgrades to this
+/// agent, which reads the same desired state without a consumer.
+fn an_upgrade_from_the_released_agent(v: NatsVersion) {
+    let released = test_agent_path(RELEASED_AGENT_VERSION);
+    let rig = Rig::with_agent(v, released);
+    assert_eq!(rig.v1, RELEASED_AGENT_VERSION);
+    let mut updater = rig.start_updater(BOUNDS, None);
+    let first = rig.wait_reporting(&rig.v1, fleet_common::Timestamp::from_unix_millis(0));
+    let spec = rig.work.path().join("web.json");
+    std::fs::write(&spec, r#"{"image":"localhost/fleet-test/sleeper:1"}"#).expect("write");
+    let apply = |name: &str| {
+        let out = rig
+            .fleetctl(&[
+                "workload",
+                "apply",
+                DEVICE,
+                name,
+                spec.to_str().expect("utf8"),
+            ])
+            .output()
+            .expect("fleetctl workload apply");
+        assert!(out.status.success(), "{out:?}");
+    };
+    let reported = |names: &[&str]| {
+        poll_until(&format!("{names:?} reported"), SETTLE, || {
+            status::<WorkloadsReport>(&rig.admin, DEVICE, "workloads")
+                .filter(|r| r.workloads.keys().map(|w| w.as_str()).collect::<Vec<_>>() == names)
+        })
+    };
+    apply("web");
+    reported(&["web"]);
+
+    let current = PathBuf::from(env!("CARGO_BIN_EXE_fleet-agent"));
+    let target = compiled_version(&current);
+    let release = rig.release(&target, Artifact::File(current));
+    let uuid = rig.upgrade(&release);
+    let done = rig.wait_terminal(uuid);
+    assert_eq!(
+        (done.phase, done.reason),
+        (UpgradePhase::Complete, Some(UpgradeReason::Ready)),
+        "{done:#?}\n{}",
+        updater.log()
+    );
+    rig.wait_reporting(&target, first.agent_started_at);
+    assert_eq!(rig.device.active(), rig.binary(&target));
+    // The new agent reads the document fleetctl wrote beside the legacy
+    // keys, and follows later changes without a consumer.
+    apply("api");
+    reported(&["api", "web"]);
+    assert!(updater.try_wait().is_none(), "the updater keeps running");
+}
+
+#[test]
+fn an_upgrade_from_the_released_agent_2_9() {
+    an_upgrade_from_the_released_agent(NatsVersion::V2_9);
+}
+
+#[test]
+fn an_upgrade_from_the_released_agent_2_14() {
+    an_upgrade_from_the_released_agent(NatsVersion::V2_14);
 }
 
 #[test]

@@ -14,7 +14,9 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use fleet_common::contracts::{DesiredWorkloads, DesiredWorkloadsRaw, WorkloadSpec, WorkloadsReport};
+use fleet_common::contracts::{
+    DesiredWorkloads, DesiredWorkloadsRaw, WorkloadSpec, WorkloadsReport,
+};
 use fleet_common::durable;
 use fleet_common::limits::{MAX_DESIRED_DOC_BYTES, MAX_KV_VALUE_BYTES, MAX_WORKLOADS_PER_DEVICE};
 use fleet_common::subjects::{
@@ -77,9 +79,9 @@ pub fn apply(
     })?;
     if let Some(legacy) = legacy_store(conn)? {
         let key = desired_key(&d, &w);
-        legacy
-            .put(&key, canonical)
-            .map_err(CtlError::nats(format!("writing {BUCKET_DESIRED} {key} (for agents 0.1.0)")))?;
+        legacy.put(&key, canonical).map_err(CtlError::nats(format!(
+            "writing {BUCKET_DESIRED} {key} (for agents 0.1.0)"
+        )))?;
     }
     Ok((rev, spec.spec_hash().as_str().to_owned()))
 }
@@ -93,9 +95,9 @@ pub fn rm(conn: &nats::Connection, device: &str, workload: &str) -> Result<(), C
     })?;
     if let Some(legacy) = legacy_store(conn)? {
         let key = desired_key(&d, &w);
-        legacy
-            .delete(&key)
-            .map_err(CtlError::nats(format!("deleting {BUCKET_DESIRED} {key} (for agents 0.1.0)")))?;
+        legacy.delete(&key).map_err(CtlError::nats(format!(
+            "deleting {BUCKET_DESIRED} {key} (for agents 0.1.0)"
+        )))?;
     }
     Ok(())
 }

@@ -39,7 +39,10 @@ pub enum ReadError {
         description: String,
     },
     /// The answer's headers are missing or name another key.
-    BadAnswer { subject: String, detail: String },
+    BadAnswer {
+        subject: String,
+        detail: String,
+    },
 }
 
 impl fmt::Display for ReadError {
@@ -90,13 +93,12 @@ pub fn read_key(nats: &Nats, bucket: &str, key: &str) -> Result<KeyRead, ReadErr
         });
     }
     let headers = m.headers.as_ref();
-    let version = KeyVersion::from_headers(|name| {
-        headers.and_then(|h| h.get(name)).map(String::as_str)
-    })
-    .map_err(|detail| ReadError::BadAnswer {
-        subject: subject.clone(),
-        detail,
-    })?;
+    let version =
+        KeyVersion::from_headers(|name| headers.and_then(|h| h.get(name)).map(String::as_str))
+            .map_err(|detail| ReadError::BadAnswer {
+                subject: subject.clone(),
+                detail,
+            })?;
     let expected = kv_subject(bucket, &full_key);
     if version.subject != expected {
         return Err(ReadError::BadAnswer {

@@ -447,7 +447,12 @@ impl Watcher {
             headers.and_then(|h| h.get(name)).map(String::as_str)
         }) {
             Ok(v) => v,
-            Err(e) => return Err(format!("a republished message on {} is unreadable ({e})", m.subject)),
+            Err(e) => {
+                return Err(format!(
+                    "a republished message on {} is unreadable ({e})",
+                    m.subject
+                ))
+            }
         };
         if version.subject != expected {
             log::warn!(bucket = bucket; "dropping a republished change of {}: not this device's key {expected}", version.subject);
