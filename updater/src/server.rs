@@ -124,6 +124,16 @@ impl UpdaterHandler {
             body.retry_after_secs = Some(BUSY_RETRY_AFTER_SECS);
             return Response::<()>::Err(body).into();
         };
+        // A write a full disk refused comes first: a new transaction must
+        // not replace one whose end is not on disk.
+        if m.unsynced().is_some() {
+            if let Err(e) = m.retry() {
+                return Self::error(
+                    ErrorCode::Internal,
+                    format!("the journal cannot be written, so no attempt can start: {e}"),
+                );
+            }
+        }
         // The journal may have moved between the first check and the mutator.
         if let Some(r) = self.by_identity(m.journal(), &attempt, &digest) {
             return r;
@@ -157,7 +167,20 @@ impl UpdaterHandler {
             );
         }
         match transaction::prepare(&mut m, &self.ctx) {
-            Prepared::Failed | Prepared::AlreadyActive => {}
+            Prepared::Failed | Prepared::AlreadyActive => {
+                if m.unsynced().is_some() {
+                    // Its end is not on disk (a full disk): written again in
+                    // the background, holding the mutator; answered meanwhile
+                    // with the phase on disk and why.
+                    let ctx = Arc::clone(&self.ctx);
+                    let spawned = std::thread::Builder::new()
+                        .name("updater-settle".to_owned())
+                        .spawn(move || transaction::settle(&mut m, &ctx));
+                    if let Err(e) = spawned {
+                        log::error!("cannot start the thread that writes the journal again ({e}); the next request retries");
+                    }
+                }
+            }
             Prepared::Probed => {
                 // The cutover thread exists before the point of no return,
                 // so a failure to create it changes nothing.
@@ -168,6 +191,7 @@ impl UpdaterHandler {
                     .spawn(move || {
                         if let Ok(mut m) = rx.recv() {
                             transaction::cutover(&mut m, &ctx);
+                            transaction::settle(&mut m, &ctx);
                         }
                     });
                 match spawned {
