@@ -12,7 +12,9 @@
 //! 5. The socket, then `READY=1`.
 //! 6. Recovery, second half (stop/start), on the `updater-recovery` thread,
 //!    which holds the mutator meanwhile (an `upgrade` is told `busy`, a
-//!    `status` is answered).
+//!    `status` is answered), then, on a full disk, the journal write that
+//!    failed, retried with backoff until it succeeds
+//!    ([`transaction::settle`]).
 //!
 //! SIGTERM ends the process like a crash would: the journal makes every
 //! instant safe, and the next start recovers.
@@ -175,6 +177,7 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
             if let Ok(mut m) = take.recv() {
                 transaction::complete_recovery(&mut m, &recovery_ctx, pending);
                 log::info!("recovery complete");
+                transaction::settle(&mut m, &recovery_ctx);
             }
         });
     match spawned {
@@ -184,6 +187,8 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
         Err(e) => {
             log::warn!("cannot start the recovery thread ({e}); recovering on the main thread");
             transaction::complete_recovery(&mut mutator, &ctx, pending);
+            log::info!("recovery complete");
+            transaction::settle(&mut mutator, &ctx);
             drop(mutator);
         }
     }

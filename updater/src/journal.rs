@@ -202,6 +202,17 @@ impl JournalStore {
         let Some(tx) = next.transaction.as_mut() else {
             return Ok(());
         };
+        // The errors of a write that failed stay on record (the phase it
+        // would have entered does not: it never was on disk).
+        if let Some(unwritten) = self
+            .unsynced
+            .as_ref()
+            .and_then(|u| u.next.transaction.as_ref())
+        {
+            if unwritten.attempt.uuid == tx.attempt.uuid {
+                tx.errors = unwritten.errors.clone();
+            }
+        }
         change(tx);
         remember_if_terminal(&mut next);
         self.write(next, phase, true)

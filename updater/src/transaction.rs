@@ -602,5 +602,4 @@ pub fn complete_recovery(m: &mut Mutator, ctx: &Context, pending: Pending) {
             finish_rollback(m, cause, result);
         }
     }
-    settle(m, ctx);
 }
