@@ -225,17 +225,36 @@ fn install_or_verify(
         return Ok(());
     }
     m.detail(format!("downloading {}", attempt.artifact_url));
-    let mut out = AtomicFile::create(target, AGENT_MODE).map_err(|e| install(e.to_string()))?;
     let started = std::time::Instant::now();
-    let fetched = ctx
-        .fetcher
-        .fetch(
+    let mut reclaimed = false;
+    let (out, fetched) = loop {
+        let mut out = AtomicFile::create(target, AGENT_MODE).map_err(|e| install(e.to_string()))?;
+        match ctx.fetcher.fetch(
             &attempt.artifact_url,
             &attempt.sha256,
             attempt.max_bytes.get(),
             &mut out,
-        )
-        .map_err(|e| Failure::new(e.reason(), "download", e))?;
+        ) {
+            Ok(f) => break (out, f),
+            // A full disk: unused agents are removed (the partial file
+            // first), then the download runs once more.
+            Err(e) if e.is_no_space() && !reclaimed => {
+                drop(out);
+                reclaimed = true;
+                log::warn!(
+                    "{e}; {}",
+                    reclaim::describe_free(&ctx.layout.versions_dir())
+                );
+                let previous = m.transaction().map(|t| t.previous_binary.clone());
+                let mut keep = vec![target];
+                keep.extend(previous.as_deref());
+                if reclaim::reclaim(&ctx.layout, &keep).removed.is_empty() {
+                    return Err(Failure::new(e.reason(), "download", e));
+                }
+            }
+            Err(e) => return Err(Failure::new(e.reason(), "download", e)),
+        }
+    };
     if fetched.sha256 != attempt.sha256 {
         return Err(Failure::new(
             UpgradeReason::Checksum,

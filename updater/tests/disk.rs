@@ -392,6 +392,75 @@ fn a_journal_write_without_space_reclaims_unused_agents_and_is_retried() {
 }
 
 #[test]
+fn a_download_without_space_reclaims_unused_agents_and_runs_again() {
+    let ca = TestCa::new();
+    let server = HttpsServer::start(&ca);
+    let v2 = StandIn::good("2.0");
+    // 60 kB more than the script (a comment), more than the space left.
+    let mut artifact = v2.script();
+    artifact.extend_from_slice(b"\n# ");
+    artifact.extend(vec![b'x'; 60_000]);
+    artifact.push(b'\n');
+    server.route("/agent", Behavior::Bytes(artifact.clone()));
+    let device = Device::new(&ca, &StandIn::good("1.0"));
+    let base = device.root().join("shared-tmpfs");
+    let v1_script = StandIn::good("1.0").script();
+    let _tmpfs = Tmpfs::shared(
+        &[
+            device.layout.versions_dir(),
+            device.layout.updater_state_dir(),
+        ],
+        512,
+        &base,
+    );
+    let install = |v: &str, bytes: &[u8], age: u64| {
+        let p = device.binary(v);
+        std::fs::write(&p, bytes).expect("install");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let f = std::fs::File::options().write(true).open(&p).expect("open");
+        f.set_modified(std::time::SystemTime::now() - Duration::from_secs(age))
+            .expect("mtime");
+        p
+    };
+    let v1 = install("1.0", &v1_script, 10);
+    let old = install("0.1", &[b'a'; 100_000], 300);
+    let updater = device.start_updater();
+    device.assert_only_agent("1.0");
+    // Full but for 16 KiB: journal writes fit, the download does not.
+    let filler = fill(&device.layout.updater_state_dir());
+    let f = std::fs::File::options()
+        .write(true)
+        .open(&filler)
+        .expect("filler");
+    let len = f.metadata().expect("meta").len();
+    f.set_len(len.saturating_sub(16 * 1024)).expect("truncate");
+    drop(f);
+
+    let mut a = attempt(&server.url("/agent"), &v2);
+    a.sha256 = fleet_common::validate::Sha256Hex::of(&artifact);
+    device.upgrade_ok(&a);
+    let s = device.wait_terminal();
+    assert_eq!(s.phase, UpgradePhase::Complete, "{s:?}\n{}", updater.log());
+    device.assert_only_agent("2.0");
+    assert!(!old.exists());
+    assert!(v1.exists(), "the previous agent is kept");
+    let log = updater.log();
+    assert!(log.contains("No space left on device"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "disk full: removed the unused agent {} (100000 bytes)",
+            old.display()
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains("removed 1 unused agent(s), 100000 bytes freed"),
+        "{log}"
+    );
+}
+
+#[test]
 fn temp_files_left_by_a_kill_are_removed_at_start() {
     let ca = TestCa::new();
     let device = Device::new(&ca, &StandIn::with("1.0", SelfTest::Pass, Run::Ready));
