@@ -391,7 +391,8 @@ mod tests {
             status_line(&idle),
             "idle; no upgrade has run on this device"
         );
-        let cases: [(&[(J, Option<R>)], &str); 6] = [
+        type Path<'a> = &'a [(J, Option<R>)];
+        let cases: [(Path, &str); 6] = [
             (&[(J::Preparing, Some(R::Accepted))], "preparing 2.0"),
             (
                 &[(J::Preparing, None), (J::Activating, None)],

@@ -197,12 +197,13 @@ fn a_committed_write_that_fails_is_never_reported_complete() {
             .as_ref()
             .map(|e| e.as_str().to_owned())
             .unwrap_or_default();
-        if error.starts_with("not recorded: recording phase failed")
-            || error.starts_with("not recorded: recording phase rolling-back")
+        let rolled_back_in_memory = error.starts_with("not recorded: recording phase failed")
+            || error.starts_with("not recorded: recording phase rolling-back");
+        if rolled_back_in_memory
+            && device.running_agents().len() == 1
+            && device.active() == device.binary("1.0")
         {
-            if device.running_agents().len() == 1 && device.active() == device.binary("1.0") {
-                break;
-            }
+            break;
         }
     }
     let s = device.status().expect("status");
