@@ -415,6 +415,52 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_write_leaves_the_journal_as_on_disk_until_retried() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (layout, mut s) = store(dir.path());
+        s.begin(tx(&layout)).expect("begin");
+        let on_disk = s.journal().clone();
+        // The directory is gone: every write fails.
+        std::fs::remove_dir_all(layout.updater_state_dir()).expect("rm");
+        let now = Timestamp::from_unix_millis(2_000);
+        let e = s
+            .update(JournalPhase::Activating, |tx| {
+                tx.record_error("probe", "slow", now);
+                tx.enter(JournalPhase::Activating, None, now);
+            })
+            .expect_err("no directory");
+        assert_eq!(e.phase, JournalPhase::Activating);
+        assert_eq!(s.journal(), &on_disk, "memory stays what the disk holds");
+        assert_eq!(s.unsynced_phase(), Some(JournalPhase::Activating));
+        assert!(
+            s.unsynced().expect("why").starts_with(
+                "recording phase activating in the journal: creating a temp file beside "
+            ),
+            "{:?}",
+            s.unsynced()
+        );
+        // A later change keeps the errors of the unwritten one, not its phase.
+        let e = s
+            .update(JournalPhase::Failed, |tx| {
+                tx.enter(JournalPhase::Failed, Some(UpgradeReason::Probe), now);
+            })
+            .expect_err("no directory");
+        assert_eq!(e.phase, JournalPhase::Failed);
+        assert_eq!(s.transaction().expect("tx").phase, JournalPhase::Preparing);
+        std::fs::create_dir_all(layout.updater_state_dir()).expect("mkdir");
+        s.retry().expect("written");
+        assert_eq!(s.unsynced(), None);
+        let (again, _) = JournalStore::load(&layout).expect("reload");
+        let t = again.transaction().expect("tx");
+        assert_eq!(t.phase, JournalPhase::Failed);
+        assert_eq!(t.errors.as_slice()[0].message.as_str(), "slow");
+        let phases: Vec<JournalPhase> = t.transitions.iter().map(|t| t.phase).collect();
+        assert_eq!(phases, [JournalPhase::Preparing, JournalPhase::Failed]);
+        assert_eq!(again.journal(), s.journal());
+        s.retry().expect("nothing pending");
+    }
+
+    #[test]
     fn corrupt_journals_are_refused_with_the_repair() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (layout, mut s) = store(dir.path());
