@@ -1150,3 +1150,43 @@ fn a_freeze_that_cannot_be_written_is_refused_as_not_persisted() {
     ));
     assert_eq!(freeze_file(&dev).config_state, reply.config_state.state);
 }
+
+/// Issue 17 item 4: a kill during a write of the agent's durable files
+/// (freeze state, seen attempts, applied specs) leaves a temp file beside
+/// it. The agent removes every such temp file in its state directory at
+/// start, keeps everything else, and its freeze state is the last written.
+#[test]
+fn temp_files_a_kill_left_in_the_state_directory_are_removed_at_start() {
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "nats://127.0.0.1:{}",
+        unused.local_addr().expect("addr").port()
+    );
+    drop(unused);
+    let dev = bare_device(vec![url]);
+    let layout = Layout::with_root(dev.root.path());
+    let state = layout.agent_state_dir();
+    std::fs::create_dir_all(&state).expect("state dir");
+    let stale = [
+        state.join(".freeze.json.tmp.4242.0123456789ab"),
+        state.join(".seen-attempts.json.tmp.4242.abcdef012345"),
+        state.join(".applied-specs.json.tmp.77.fedcba987654"),
+    ];
+    for p in &stale {
+        std::fs::write(p, b"{\"half\":").expect("stale temp");
+    }
+    let kept = state.join(".not-ours.tmp");
+    std::fs::write(&kept, b"x").expect("kept");
+
+    let agent = dev.spawn(None);
+    for p in &stale {
+        agent.wait_for_line(
+            &format!("removed the stale temp file {}", p.display()),
+            CONVERGE,
+        );
+        assert!(!p.exists(), "{}", p.display());
+    }
+    assert!(kept.exists());
+    let s = agent_status(&dev);
+    assert_eq!(s.config_state.state, ConfigState::Configured, "{s:?}");
+}
