@@ -25,7 +25,7 @@ use fleet_common::socket::{Handler, Peer, Reply};
 use fleet_common::validate::{Arch, Sha256Hex};
 
 use crate::freeze;
-use crate::state::Shared;
+use crate::state::{Mutator, Shared};
 use crate::status::{self, StatusInfo};
 use crate::transaction::{self, Context, Prepared};
 
@@ -167,20 +167,7 @@ impl UpdaterHandler {
             );
         }
         match transaction::prepare(&mut m, &self.ctx) {
-            Prepared::Failed | Prepared::AlreadyActive => {
-                if m.unsynced().is_some() {
-                    // Its end is not on disk (a full disk): written again in
-                    // the background, holding the mutator; answered meanwhile
-                    // with the phase on disk and why.
-                    let ctx = Arc::clone(&self.ctx);
-                    let spawned = std::thread::Builder::new()
-                        .name("updater-settle".to_owned())
-                        .spawn(move || transaction::settle(&mut m, &ctx));
-                    if let Err(e) = spawned {
-                        log::error!("cannot start the thread that writes the journal again ({e}); the next request retries");
-                    }
-                }
-            }
+            Prepared::Failed | Prepared::AlreadyActive => settle_in_background(m, &self.ctx),
             Prepared::Probed => {
                 // The cutover thread exists before the point of no return,
                 // so a failure to create it changes nothing.
@@ -198,6 +185,8 @@ impl UpdaterHandler {
                     Ok(_) => {
                         if transaction::activate(&mut m, &self.ctx).is_ok() {
                             let _ = tx.send(m);
+                        } else {
+                            settle_in_background(m, &self.ctx);
                         }
                     }
                     Err(e) => {
@@ -206,11 +195,31 @@ impl UpdaterHandler {
                             Some(fleet_common::contracts::UpgradeReason::Install),
                             Some(("activate", &format!("cannot start the cutover thread: {e}"))),
                         );
+                        settle_in_background(m, &self.ctx);
                     }
                 }
             }
         }
         self.status()
+    }
+}
+
+/// When the end of an attempt is not on disk (a full disk), writes it
+/// again on the `updater-settle` thread, which holds the mutator meanwhile
+/// (`status` answers the phase on disk and why; an `upgrade` is `busy`).
+/// Otherwise only gives the mutator back.
+fn settle_in_background(mut m: Mutator, ctx: &Arc<Context>) {
+    if m.unsynced().is_none() {
+        return;
+    }
+    let ctx = Arc::clone(ctx);
+    let spawned = std::thread::Builder::new()
+        .name("updater-settle".to_owned())
+        .spawn(move || transaction::settle(&mut m, &ctx));
+    if let Err(e) = spawned {
+        log::error!(
+            "cannot start the thread that writes the journal again ({e}); the next upgrade request retries"
+        );
     }
 }
 

@@ -9,8 +9,12 @@
 //! - A restart on a still-full disk mid-transaction does not exit: the
 //!   previous agent is selected and started, status says what is not
 //!   recorded, and the journal is written once space is freed.
-//! - A journal write refused for space removes unused versioned agents
-//!   (never the active, previous or target) and is retried.
+//! - A failed preparation whose `failed` cannot be written: status stays
+//!   on `preparing` with the reason, new attempts are `busy`, and `failed`
+//!   is written once space is freed.
+//! - A journal write or a download refused for space removes unused
+//!   versioned agents
+//!   (never the active, previous or target, oldest first) and is retried.
 //! - Temp files a kill left behind are removed at start.
 //!
 //! Needs root (mount) and `mount`/`umount` (Debian package `mount`).
@@ -459,6 +463,61 @@ fn a_download_without_space_reclaims_unused_agents_and_runs_again() {
         log.contains("removed 1 unused agent(s), 100000 bytes freed"),
         "{log}"
     );
+}
+
+#[test]
+fn a_failed_preparation_that_cannot_be_recorded_is_written_once_space_is_freed() {
+    let ca = TestCa::new();
+    let server = HttpsServer::start(&ca);
+    let v2 = StandIn::with("2.0", SelfTest::Fail, Run::Ready);
+    server.route("/agent", Behavior::Bytes(v2.script()));
+    let device = Device::new(&ca, &StandIn::good("1.0"));
+    let state = device.layout.updater_state_dir();
+    let _tmpfs = Tmpfs::mount(&state, 256);
+    let a = attempt(&server.url("/agent"), &v2);
+
+    let updater = updater_with_stop_fault(&device, FaultPoint::AfterWritePreparing);
+    send_upgrade(&device, &a);
+    wait_stopped(updater.pid());
+    let filler = fill(&state);
+    updater.signal(rustix::process::Signal::CONT);
+
+    // The probe fails; `failed` cannot be written: status stays on the
+    // `preparing` on disk, says why, and a new attempt is told busy.
+    let s = poll_until("the unrecorded failure in status", SETTLE, || {
+        device.try_status().ok().flatten().filter(|s| {
+            s.error.as_ref().is_some_and(|e| {
+                e.as_str()
+                    .starts_with("not recorded: recording phase failed")
+            })
+        })
+    });
+    assert_eq!(s.phase, UpgradePhase::Preparing, "{s:?}");
+    assert_eq!(
+        device.journal().transaction.expect("tx").phase,
+        JournalPhase::Preparing
+    );
+    device.assert_only_agent("1.0");
+    let other = attempt(&server.url("/agent"), &StandIn::good("3.0"));
+    match device.upgrade(&other) {
+        fleet_common::contracts::Response::Err(e) => {
+            assert_eq!(e.code, fleet_common::contracts::ErrorCode::Busy, "{e}")
+        }
+        fleet_common::contracts::Response::Ok(r) => panic!("accepted on a full disk: {r:?}"),
+    }
+
+    std::fs::remove_file(filler).expect("free space");
+    let s = device.wait_terminal();
+    assert_eq!(
+        (s.phase, s.reason),
+        (UpgradePhase::Failed, Some(UpgradeReason::Probe))
+    );
+    assert_eq!(
+        device.journal().transaction.expect("tx").phase,
+        JournalPhase::Failed
+    );
+    device.assert_only_agent("1.0");
+    updater.wait_for_line("phase failed recorded after", SETTLE);
 }
 
 #[test]
