@@ -13,8 +13,8 @@
 //!   on `preparing` with the reason, new attempts are `busy`, and `failed`
 //!   is written once space is freed.
 //! - A journal write or a download refused for space removes unused
-//!   versioned agents
-//!   (never the active, previous or target, oldest first) and is retried.
+//!   versioned agents (never the active, previous or target; oldest
+//!   first) and is retried.
 //! - Temp files a kill left behind are removed at start.
 //!
 //! Needs root (mount) and `mount`/`umount` (Debian package `mount`).
