@@ -392,7 +392,23 @@ fn restore_previous(m: &mut Mutator, ctx: &Context) -> Result<(), Failure> {
     };
     m.detail(format!("restoring {}", previous.display()));
     fault::hit(FaultPoint::BeforeRestorePrevious);
-    let restored = switch_symlink(&ctx.layout.active_agent_link(), &previous);
+    let link = ctx.layout.active_agent_link();
+    let mut restored = switch_symlink(&link, &previous);
+    if let Err(e) = &restored {
+        // A full disk must not end in a quarantine: free space, try once more.
+        if e.is_no_space() {
+            log::warn!(
+                "{e}; {}",
+                reclaim::describe_free(link.parent().unwrap_or(&link))
+            );
+            let target = m.transaction().map(|t| t.target_binary.clone());
+            let mut keep = vec![previous.as_path()];
+            keep.extend(target.as_deref());
+            if !reclaim::reclaim(&ctx.layout, &keep).removed.is_empty() {
+                restored = switch_symlink(&link, &previous);
+            }
+        }
+    }
     fault::hit(FaultPoint::AfterRestorePrevious);
     restored.map_err(|e| Failure::new(UpgradeReason::RollbackFailed, "restore-previous", e))
 }

@@ -15,6 +15,8 @@
 //! - A journal write or a download refused for space removes unused
 //!   versioned agents (never the active, previous or target; oldest
 //!   first) and is retried.
+//! - Restoring the previous link at a restart with no space left removes
+//!   unused agents and runs again, rather than quarantining the device.
 //! - Temp files a kill left behind are removed at start.
 //!
 //! Needs root (mount) and `mount`/`umount` (Debian package `mount`).
@@ -50,10 +52,15 @@ fn run(cmd: &mut Command) {
 impl Tmpfs {
     /// A tmpfs of `kib` KiB at `dir`.
     fn mount(dir: &Path, kib: u64) -> Self {
+        Self::mount_with(dir, &format!("size={kib}k"))
+    }
+
+    /// A tmpfs with mount options `opts` at `dir`.
+    fn mount_with(dir: &Path, opts: &str) -> Self {
         std::fs::create_dir_all(dir).expect("mount point");
         run(Command::new("mount")
             .args(["-t", "tmpfs", "-o"])
-            .arg(format!("size={kib}k,mode=0755"))
+            .arg(format!("{opts},mode=0755"))
             .arg("tmpfs")
             .arg(dir));
         Self {
@@ -64,7 +71,12 @@ impl Tmpfs {
     /// One tmpfs of `kib` KiB shown at every directory of `dirs`
     /// (bind mounts of sub-directories), so they share its space.
     fn shared(dirs: &[PathBuf], kib: u64, base: &Path) -> Self {
-        let mut t = Self::mount(base, kib);
+        Self::shared_with(dirs, &format!("size={kib}k"), base)
+    }
+
+    /// [`Self::shared`] with mount options `opts`.
+    fn shared_with(dirs: &[PathBuf], opts: &str, base: &Path) -> Self {
+        let mut t = Self::mount_with(base, opts);
         for (i, d) in dirs.iter().enumerate() {
             let sub = base.join(format!("d{i}"));
             std::fs::create_dir_all(&sub).expect("sub");
@@ -518,6 +530,71 @@ fn a_failed_preparation_that_cannot_be_recorded_is_written_once_space_is_freed()
     );
     device.assert_only_agent("1.0");
     updater.wait_for_line("phase failed recorded after", SETTLE);
+}
+
+/// The link's directory and the versions directory share a tmpfs with
+/// no inode left at restart: restoring the previous link fails for space,
+/// unused agents are removed, and the restore runs again (a full disk
+/// does not end in `rollback-failed`).
+#[test]
+fn restoring_the_previous_link_without_space_reclaims_and_runs_again() {
+    let ca = TestCa::new();
+    let server = HttpsServer::start(&ca);
+    let v2 = StandIn::good("2.0");
+    server.route("/agent", Behavior::Bytes(v2.script()));
+    let device = Device::new(&ca, &StandIn::good("1.0"));
+    let base = device.root().join("shared-tmpfs");
+    let bin = device
+        .layout
+        .active_agent_link()
+        .parent()
+        .expect("bin")
+        .to_owned();
+    let _tmpfs = Tmpfs::shared_with(
+        &[device.layout.versions_dir(), bin],
+        "size=1m,nr_inodes=64",
+        &base,
+    );
+    let v1 = device.binary("1.0");
+    std::fs::write(&v1, StandIn::good("1.0").script()).expect("install");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&v1, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::os::unix::fs::symlink(&v1, device.layout.active_agent_link()).expect("link");
+    let old = device.binary("0.1");
+    std::fs::write(&old, b"old").expect("old agent");
+    let a = attempt(&server.url("/agent"), &v2);
+
+    let mut first = device.start_updater_with_fault(FaultPoint::AfterSwitchToTarget);
+    send_upgrade(&device, &a);
+    first.wait_aborted();
+    support::poll_agents_gone(&device);
+    assert_eq!(device.active(), device.binary("2.0"));
+    // No inode left on the shared tmpfs.
+    let mut n = 0;
+    while std::fs::write(base.join(format!("inode-{n}")), b"").is_ok() {
+        n += 1;
+    }
+    assert!(n > 0);
+
+    let second = device.start_updater();
+    let s = device.wait_terminal();
+    assert_eq!(
+        (s.phase, s.reason),
+        (UpgradePhase::Failed, Some(UpgradeReason::Interrupted))
+    );
+    device.assert_only_agent("1.0");
+    assert!(!old.exists(), "the unused agent was removed");
+    assert!(device.binary("2.0").exists(), "the target is kept");
+    let log = second.log();
+    assert!(log.contains("creating a symlink beside"), "{log}");
+    assert!(log.contains("No space left on device"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "disk full: removed the unused agent {}",
+            old.display()
+        )),
+        "{log}"
+    );
 }
 
 #[test]
