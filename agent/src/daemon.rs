@@ -206,6 +206,19 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             })?;
     }
     log::info!(device = device.as_str(), version = version.as_str(); "config {} read, lock {} taken", config_path.display(), lock.path().display());
+    // Temp files of a write a kill or power loss interrupted (freeze
+    // state, seen attempts, applied specs): only this agent, holding the
+    // lock, writes here.
+    for t in fleet_common::durable::remove_stale_temps(&state_dir, "") {
+        match t.removed {
+            Ok(()) => log::info!(
+                "removed the stale temp file {} ({} bytes) of an interrupted write",
+                t.path.display(),
+                t.bytes
+            ),
+            Err(e) => log::warn!("removing the stale temp file {}: {e}", t.path.display()),
+        }
+    }
     // Before the freeze is read: a frozen agent holds forwarding from the start.
     let upgrade_state = UpgradeState::new();
     let upgrades: Arc<dyn Upgrades> = Arc::new(AgentUpgrades {

@@ -244,7 +244,8 @@ pub fn retry_after(reasons: &[Refusal]) -> Duration {
             Refusal::Disconnected
             | Refusal::UpgradeInProgress
             | Refusal::IntentPending
-            | Refusal::DownloadInProgress => RETRY_LONG,
+            | Refusal::DownloadInProgress
+            | Refusal::NotPersisted => RETRY_LONG,
             // A new agent is started by the service manager.
             Refusal::Draining => SYSTEMD_STOP_TIMEOUT,
         })
@@ -485,7 +486,16 @@ impl FreezeControl {
                     reason,
                     caller_uid: caller,
                 });
-                replace_state(&self.path, &state, &ConfigState::Configured).map(|()| state)
+                // Answered only once written (seed 000): a freeze that
+                // cannot be recorded is refused with its own reason.
+                replace_state(&self.path, &state, &ConfigState::Configured)
+                    .map(|()| state)
+                    .map_err(|e| {
+                        FreezeError::Refused(vec![Blocker {
+                            reason: Refusal::NotPersisted,
+                            detail: format!("{e}"),
+                        }])
+                    })
             } else {
                 Err(FreezeError::Refused(blockers))
             };
@@ -817,11 +827,13 @@ mod tests {
         // The state directory is gone: the write fails, nothing changes.
         std::fs::remove_dir_all(Layout::with_root(dir.path()).agent_state_dir()).expect("rm");
         let e = fc.freeze(0, None, &good()).expect_err("not recorded");
-        assert!(matches!(e, FreezeError::Persist { .. }), "{e}");
+        assert_eq!(e.reasons(), vec![Refusal::NotPersisted], "{e}");
         assert!(
-            e.to_string().starts_with("recording the config state in "),
+            e.to_string()
+                .starts_with("cannot enter changefreeze now: recording the config state in "),
             "{e}"
         );
+        assert_eq!(retry_after(&e.reasons()), RETRY_LONG);
         assert!(!fc.is_frozen());
         assert_eq!(gate.admission(), Admission::Open);
 

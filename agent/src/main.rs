@@ -99,7 +99,7 @@ Exit codes of `node`:
    3  refused: the agent cannot freeze now; every reason and a retry hint
       are printed (reasons: no-snapshot, disconnected, draining,
       upgrade-in-progress, intent-pending, reconciler-busy,
-      download-in-progress)
+      download-in-progress, not-persisted)
    4  forbidden: not root, fleet-control or the agent's user
    5  unreachable: no agent answers on the socket
   10  config            the config named by --config cannot be read

@@ -1076,3 +1076,117 @@ fn intents_wait_for_the_unfreeze_and_fleetctl_shows_and_skips_frozen_devices() {
         || (node(&dev, &["freeze"]).code == Some(0)).then_some(()),
     );
 }
+
+/// A tmpfs of `kib` KiB on `dir`, unmounted on drop (declare it after the
+/// device, so it goes first). Needs root and `mount` (Debian package
+/// `mount`).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, kib: u64) -> Self {
+        std::fs::create_dir_all(dir).expect("mount point");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={kib}k,mode=0750"))
+            .arg("tmpfs")
+            .arg(dir)
+            .output()
+            .expect("mount runs: install the Debian package mount");
+        assert!(
+            out.status.success(),
+            "mount: {} (this test needs root)",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the file system of `dir` with `dir/filler` until a write fails.
+fn fill(dir: &Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).expect("filler");
+    while f.write_all(&[0u8; 4096]).is_ok() {}
+    while f.write_all(&[0]).is_ok() {}
+    path
+}
+
+/// Issue 20: the agent's state directory on a full tmpfs. A freeze that
+/// cannot be written is refused with its own reason, `not-persisted`, and
+/// changes nothing (seed 000: answered only once written); once space is
+/// freed the freeze is accepted and on disk.
+#[test]
+fn a_freeze_that_cannot_be_written_is_refused_as_not_persisted() {
+    let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
+    let dev = bare_device(vec![nats.url()]);
+    let layout = Layout::with_root(dev.root.path());
+    let _tmpfs = Tmpfs::mount(&layout.agent_state_dir(), 256);
+    let _agent = dev.start(None);
+    wait_freezable(&dev);
+    let filler = fill(&layout.agent_state_dir());
+
+    let e = freeze_refused(&dev);
+    assert_eq!(e.reasons, vec![Refusal::NotPersisted], "{e}");
+    assert!(
+        e.message.as_str().contains("No space left on device"),
+        "{e}"
+    );
+    assert!(e.retry_after_secs.is_some(), "{e}");
+    assert!(!layout.freeze_state().exists());
+    let s = agent_status(&dev);
+    assert_eq!(s.config_state.state, ConfigState::Configured, "{s:?}");
+
+    std::fs::remove_file(filler).expect("free space");
+    let reply = freeze_ok(&dev, "space freed");
+    assert!(matches!(
+        reply.config_state.state,
+        ConfigState::Changefreeze(_)
+    ));
+    assert_eq!(freeze_file(&dev).config_state, reply.config_state.state);
+}
+
+/// Issue 17 item 4: a kill during a write of the agent's durable files
+/// (freeze state, seen attempts, applied specs) leaves a temp file beside
+/// it. The agent removes every such temp file in its state directory at
+/// start, keeps everything else, and its freeze state is the last written.
+#[test]
+fn temp_files_a_kill_left_in_the_state_directory_are_removed_at_start() {
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "nats://127.0.0.1:{}",
+        unused.local_addr().expect("addr").port()
+    );
+    drop(unused);
+    let dev = bare_device(vec![url]);
+    let layout = Layout::with_root(dev.root.path());
+    let state = layout.agent_state_dir();
+    std::fs::create_dir_all(&state).expect("state dir");
+    let stale = [
+        state.join(".freeze.json.tmp.4242.0123456789ab"),
+        state.join(".seen-attempts.json.tmp.4242.abcdef012345"),
+        state.join(".applied-specs.json.tmp.77.fedcba987654"),
+    ];
+    for p in &stale {
+        std::fs::write(p, b"{\"half\":").expect("stale temp");
+    }
+    let kept = state.join(".not-ours.tmp");
+    std::fs::write(&kept, b"x").expect("kept");
+
+    let agent = dev.spawn(None);
+    for p in &stale {
+        agent.wait_for_line(
+            &format!("removed the stale temp file {}", p.display()),
+            CONVERGE,
+        );
+        assert!(!p.exists(), "{}", p.display());
+    }
+    assert!(kept.exists());
+    let s = agent_status(&dev);
+    assert_eq!(s.config_state.state, ConfigState::Configured, "{s:?}");
+}

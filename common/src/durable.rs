@@ -7,6 +7,8 @@
 //! - [`switch_symlink`]: a temp symlink renamed over the link, then a directory
 //!   sync.
 //! - [`read_bounded`]: reads a file refusing more than a limit.
+//! - [`remove_stale_temps`]: at a daemon's start, removes the temp files a
+//!   kill or power loss left in a directory it owns.
 //!
 //! If the directory sync fails after a rename, the new content is visible but
 //! may not survive power loss; the error is returned so the caller does not
@@ -70,6 +72,15 @@ impl DurableError {
     pub fn is_not_found(&self) -> bool {
         self.step == DurableStep::Open && self.source.kind() == io::ErrorKind::NotFound
     }
+
+    /// Whether the step failed for lack of space (`ENOSPC`, or a quota):
+    /// freeing space and retrying may help.
+    pub fn is_no_space(&self) -> bool {
+        let full = [rustix::io::Errno::NOSPC, rustix::io::Errno::DQUOT];
+        self.source
+            .raw_os_error()
+            .is_some_and(|n| full.iter().any(|e| e.raw_os_error() == n))
+    }
 }
 
 fn err(step: DurableStep, path: &Path, source: io::Error) -> DurableError {
@@ -88,6 +99,9 @@ fn parent_of(path: &Path) -> &Path {
     }
 }
 
+/// Length of the random tag that ends a temp name.
+const TEMP_TAG_CHARS: usize = 12;
+
 /// A unique temp name beside `target`: `.<name>.tmp.<pid>.<random>`.
 fn temp_beside(target: &Path) -> PathBuf {
     let name = target
@@ -95,7 +109,11 @@ fn temp_beside(target: &Path) -> PathBuf {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "file".into());
     let tag = uuid::Uuid::new_v4().simple().to_string();
-    parent_of(target).join(format!(".{name}.tmp.{}.{}", std::process::id(), &tag[..12]))
+    parent_of(target).join(format!(
+        ".{name}.tmp.{}.{}",
+        std::process::id(),
+        &tag[..TEMP_TAG_CHARS]
+    ))
 }
 
 /// Syncs a directory so a rename or new entry in it survives power loss.
@@ -225,6 +243,59 @@ pub fn switch_symlink(link: &Path, target: &Path) -> Result<(), DurableError> {
     sync_dir(parent_of(link))
 }
 
+/// The target name of a temp file this module names (`.<name>.tmp.<pid>.<tag>`),
+/// `None` for any other name.
+pub fn temp_target_name(file_name: &str) -> Option<&str> {
+    let rest = file_name.strip_prefix('.')?;
+    let (head, tag) = rest.rsplit_once('.')?;
+    let (head, pid) = head.rsplit_once('.')?;
+    let name = head.strip_suffix(".tmp")?;
+    let is_tag = tag.len() == TEMP_TAG_CHARS && tag.bytes().all(|b| b.is_ascii_hexdigit());
+    let is_pid = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    (is_tag && is_pid && !name.is_empty()).then_some(name)
+}
+
+/// A temp file left by a process that was killed mid-write, as
+/// [`remove_stale_temps`] found it.
+#[derive(Debug)]
+pub struct StaleTemp {
+    pub path: PathBuf,
+    pub bytes: u64,
+    /// `Err` when it could not be removed.
+    pub removed: io::Result<()>,
+}
+
+/// Removes from `dir` every temp file of this module whose target name
+/// starts with `target_prefix` (`""` for all). Call it only at start, in a
+/// directory no other running process writes with the same names: a live
+/// writer's temp file would be removed under it. A missing directory has no
+/// leftovers.
+pub fn remove_stale_temps(dir: &Path, target_prefix: &str) -> Vec<StaleTemp> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let ours = temp_target_name(name).is_some_and(|t| t.starts_with(target_prefix));
+        // Never follow or descend: a temp symlink is removed as a link.
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(true);
+        if !ours || is_dir {
+            continue;
+        }
+        let path = entry.path();
+        let bytes = fs::symlink_metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let removed = fs::remove_file(&path);
+        out.push(StaleTemp {
+            path,
+            bytes,
+            removed,
+        });
+    }
+    out
+}
+
 /// Reads `path` whole, refusing a file larger than `limit` bytes.
 pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, DurableError> {
     let f = File::open(path).map_err(|e| err(DurableStep::Open, path, e))?;
@@ -306,6 +377,79 @@ mod tests {
             Path::new("/usr/lib/harmony-fleet/fleet-agent-v2")
         );
         assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn temp_names_are_recognised_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t = temp_beside(&dir.path().join("journal.json"));
+        let name = t.file_name().expect("name").to_str().expect("utf-8");
+        assert_eq!(temp_target_name(name), Some("journal.json"));
+        assert_eq!(
+            temp_target_name(".fleet-agent-v2.0.tmp.17.0123456789ab"),
+            Some("fleet-agent-v2.0")
+        );
+        for other in [
+            "journal.json",
+            ".journal.json",
+            ".journal.json.tmp",
+            ".journal.json.tmp.17",
+            ".journal.json.tmp.x.0123456789ab",
+            ".journal.json.tmp.17.0123456789a",
+            ".journal.json.tmp.17.0123456789az",
+            "..tmp.17.0123456789ab",
+            "journal.json.tmp.17.0123456789ab",
+        ] {
+            assert_eq!(temp_target_name(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn stale_temps_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let keep = ["journal.json", ".hidden", "x.tmp.1.0123456789ab"];
+        for k in keep {
+            fs::write(dir.path().join(k), b"keep").expect("write");
+        }
+        let a = temp_beside(&dir.path().join("journal.json"));
+        fs::write(&a, b"half").expect("write");
+        let l = temp_beside(&dir.path().join("fleet-agent"));
+        std::os::unix::fs::symlink("/nowhere", &l).expect("symlink");
+        let d = temp_beside(&dir.path().join("adir"));
+        fs::create_dir(&d).expect("mkdir");
+
+        let only_links = remove_stale_temps(dir.path(), "fleet-agent");
+        assert_eq!(only_links.len(), 1);
+        assert_eq!(only_links[0].path, l);
+        assert!(only_links[0].removed.is_ok());
+        assert!(fs::symlink_metadata(&l).is_err());
+        assert!(a.exists());
+
+        let all = remove_stale_temps(dir.path(), "");
+        assert_eq!(all.len(), 1);
+        assert_eq!((all[0].path.as_path(), all[0].bytes), (a.as_path(), 4));
+        assert!(!a.exists());
+        assert!(d.is_dir(), "directories are never removed");
+        for k in keep {
+            assert!(dir.path().join(k).exists(), "{k}");
+        }
+        assert!(remove_stale_temps(&dir.path().join("missing"), "").is_empty());
+    }
+
+    #[test]
+    fn no_space_is_told_apart() {
+        let full = err(
+            DurableStep::Write,
+            Path::new("/j"),
+            io::Error::from_raw_os_error(28),
+        );
+        assert!(full.is_no_space());
+        let denied = err(
+            DurableStep::CreateTemp,
+            Path::new("/j"),
+            io::Error::from_raw_os_error(13),
+        );
+        assert!(!denied.is_no_space());
     }
 
     #[test]

@@ -1,15 +1,20 @@
 //! `fleet-updater run`: the daemon's start, in the order the seed requires.
 //!
-//! 1. Settings: config file, bounds, directories; stale download temp files
-//!    removed.
+//! 1. Settings: config file, bounds, directories; temp files of an
+//!    interrupted write removed.
 //! 2. The journal: a corrupt one stops here, before any socket exists.
 //! 3. The HTTPS client and the service manager.
 //! 4. Recovery, first half: the previous link selected and the recovery
-//!    phase persisted ([`transaction::recover`]).
+//!    phase persisted ([`transaction::recover`]). On a full disk the phase
+//!    may not be written: the link is selected all the same and the
+//!    updater goes on, so the device is never left without an agent; the
+//!    recovery thread writes the journal once space is freed.
 //! 5. The socket, then `READY=1`.
 //! 6. Recovery, second half (stop/start), on the `updater-recovery` thread,
 //!    which holds the mutator meanwhile (an `upgrade` is told `busy`, a
-//!    `status` is answered).
+//!    `status` is answered), then, on a full disk, the journal write that
+//!    failed, retried with backoff until it succeeds
+//!    ([`transaction::settle`]).
 //!
 //! SIGTERM ends the process like a crash would: the journal makes every
 //! instant safe, and the next start recovers.
@@ -20,7 +25,7 @@ use std::sync::Arc;
 
 use fleet_common::layout::AGENT_GROUP;
 use fleet_common::socket::{PeerPolicy, SocketError, SocketServer};
-use fleet_common::{users, Layout};
+use fleet_common::{durable, users, Layout};
 
 use crate::config::{Bounds, ConfigError, UpdaterConfig};
 use crate::fetch::{Fetcher, TlsSetupError};
@@ -30,7 +35,7 @@ use crate::service::SupervisorError;
 use crate::service::{ManagerKind, ServiceManager, Supervisor, Systemctl};
 use crate::state::Shared;
 use crate::status::StatusInfo;
-use crate::transaction::{self, Context, RecoveryError};
+use crate::transaction::{self, Context};
 
 /// Socket mode: owner and group read-write (root and the agent's group).
 const SOCKET_MODE: u32 = 0o660;
@@ -55,7 +60,6 @@ pub enum DaemonError {
     Journal(JournalLoadError),
     Tls(TlsSetupError),
     Supervisor(SupervisorError),
-    Recovery(RecoveryError),
     Socket(SocketError),
 }
 
@@ -72,7 +76,6 @@ impl fmt::Display for DaemonError {
             Self::Journal(e) => e.fmt(f),
             Self::Tls(e) => write!(f, "artifact trust store: {e} (updater config key ca-file)"),
             Self::Supervisor(e) => e.fmt(f),
-            Self::Recovery(e) => e.fmt(f),
             Self::Socket(e) => e.fmt(f),
         }
     }
@@ -103,7 +106,7 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
             source,
         })?;
     }
-    remove_stale_downloads(&layout);
+    remove_stale_temps(&layout);
 
     let (store, found) = JournalStore::load(&layout).map_err(DaemonError::Journal)?;
     if found == Found::Missing {
@@ -132,7 +135,7 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
     let mut mutator = shared
         .try_mutator()
         .expect("INVARIANT: the first mutator is taken before any other thread exists");
-    let pending = transaction::recover(&mut mutator, &ctx).map_err(DaemonError::Recovery)?;
+    let pending = transaction::recover(&mut mutator, &ctx);
 
     let group = users::lookup_group(AGENT_GROUP);
     let (uid, _) = users::current_ids();
@@ -157,18 +160,10 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
     ));
     let _server = server.spawn(handler).map_err(DaemonError::Socket)?;
 
-    let _ = libsystemd::daemon::notify(
-        false,
-        &[
-            libsystemd::daemon::NotifyState::Ready,
-            libsystemd::daemon::NotifyState::Status(format!(
-                "serving {}; recovery: {pending:?}",
-                layout.updater_socket().display()
-            )),
-        ],
-    );
+    let _ = libsystemd::daemon::notify(false, &[libsystemd::daemon::NotifyState::Ready]);
+    shared.notify_status();
     log::info!(
-        "fleet-updater ready on {} (recovery pending: {pending:?})",
+        "fleet-updater ready on {} (recovery: {pending})",
         layout.updater_socket().display()
     );
 
@@ -182,6 +177,7 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
             if let Ok(mut m) = take.recv() {
                 transaction::complete_recovery(&mut m, &recovery_ctx, pending);
                 log::info!("recovery complete");
+                transaction::settle(&mut m, &recovery_ctx);
             }
         });
     match spawned {
@@ -191,6 +187,8 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
         Err(e) => {
             log::warn!("cannot start the recovery thread ({e}); recovering on the main thread");
             transaction::complete_recovery(&mut mutator, &ctx, pending);
+            log::info!("recovery complete");
+            transaction::settle(&mut mutator, &ctx);
             drop(mutator);
         }
     }
@@ -199,22 +197,29 @@ pub fn run(args: RunArgs) -> Result<(), DaemonError> {
     }
 }
 
-/// Download temp files (`.fleet-agent-v*.tmp.*`) of a crashed run: up to
-/// 100 MiB each, and never anything but leftovers.
-fn remove_stale_downloads(layout: &Layout) {
-    let Ok(entries) = std::fs::read_dir(layout.versions_dir()) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with(".fleet-agent-v") && name.contains(".tmp.") {
-            match std::fs::remove_file(entry.path()) {
-                Ok(()) => log::info!("removed the stale download {}", entry.path().display()),
-                Err(e) => log::warn!(
-                    "removing the stale download {}: {e}",
-                    entry.path().display()
+/// Temp files of a run that was killed mid-write, in the directories the
+/// updater owns: downloads (`.fleet-agent-v*.tmp.*`, up to 100 MiB each) in
+/// the versions directory, journal writes (`.journal.json.tmp.*`) in its
+/// state directory, and active-link switches (`.fleet-agent.tmp.*`) beside
+/// the link. Only names [`durable`] gives its temp files are removed, and
+/// only before anything of this run writes.
+fn remove_stale_temps(layout: &Layout) {
+    let link_dir = layout.active_agent_link().parent().map(PathBuf::from);
+    let places = [
+        (Some(layout.versions_dir()), "fleet-agent-v"),
+        (Some(layout.updater_state_dir()), ""),
+        (link_dir, "fleet-agent"),
+    ];
+    for (dir, prefix) in places {
+        let Some(dir) = dir else { continue };
+        for t in durable::remove_stale_temps(&dir, prefix) {
+            match t.removed {
+                Ok(()) => log::info!(
+                    "removed the stale temp file {} ({} bytes) of an interrupted write",
+                    t.path.display(),
+                    t.bytes
                 ),
+                Err(e) => log::warn!("removing the stale temp file {}: {e}", t.path.display()),
             }
         }
     }

@@ -122,6 +122,16 @@ impl fmt::Display for FetchError {
 impl std::error::Error for FetchError {}
 
 impl FetchError {
+    /// Whether saving the download failed for lack of space (freeing some
+    /// and downloading again may succeed).
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            Self::Write(e) => e.is_no_space(),
+            Self::Oci { error, .. } => matches!(&**error, OciError::Write(e) if e.is_no_space()),
+            _ => false,
+        }
+    }
+
     /// The public reason of an attempt that failed here.
     pub fn reason(&self) -> UpgradeReason {
         match self {

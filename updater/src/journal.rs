@@ -4,7 +4,14 @@
 //!
 //! Every write is a phase entry ([`JournalStore::update`]): the change is made
 //! on a copy and the copy is written with `write_atomic` (temp file, fsync,
-//! rename, directory fsync). A failed write leaves the file as it was.
+//! rename, directory fsync). A failed write leaves the file as it was, and
+//! the memory too: the store's journal is always the one on disk, so nothing
+//! is published or answered that a restart would not find. The copy that
+//! could not be written is kept, with the reason, until a later write
+//! succeeds or [`JournalStore::retry`] writes it.
+//!
+//! A write refused for lack of space first reclaims unused agents
+//! ([`crate::reclaim`]) and is retried once.
 //!
 //! A missing file means "no transaction ever". A file that does not parse,
 //! has an unknown format, or contradicts itself is corrupt: the updater
@@ -21,6 +28,7 @@ use fleet_common::limits::MAX_STATE_FILE_BYTES;
 use fleet_common::Layout;
 
 use crate::fault::{self, FaultPoint};
+use crate::reclaim;
 
 /// The journal's file mode: root only.
 pub const JOURNAL_MODE: u32 = 0o600;
@@ -80,14 +88,22 @@ pub enum Found {
     Existing,
 }
 
-/// The journal file and its in-memory copy. They are equal unless a write
-/// failed: the memory then holds what the updater knows, and
-/// [`JournalStore::unsynced`] says which write is missing on disk.
+/// The journal file and its in-memory copy, always equal. A write that
+/// failed is kept aside ([`Unsynced`]) and never published.
 #[derive(Debug)]
 pub struct JournalStore {
+    layout: Layout,
     path: PathBuf,
     journal: Journal,
-    unsynced: Option<String>,
+    unsynced: Option<Unsynced>,
+}
+
+/// The journal that could not be written, and why.
+#[derive(Debug)]
+struct Unsynced {
+    next: Journal,
+    phase: JournalPhase,
+    why: String,
 }
 
 impl JournalStore {
@@ -99,6 +115,7 @@ impl JournalStore {
             Err(e) if e.is_not_found() => {
                 return Ok((
                     Self {
+                        layout: layout.clone(),
                         path,
                         journal: Journal::default(),
                         unsynced: None,
@@ -120,6 +137,7 @@ impl JournalStore {
         })?;
         Ok((
             Self {
+                layout: layout.clone(),
                 path,
                 journal,
                 unsynced: None,
@@ -140,9 +158,22 @@ impl JournalStore {
         self.journal.transaction.as_ref()
     }
 
-    /// The last write that failed, while no later write has succeeded.
+    /// Why the last write failed, while no later write has succeeded.
     pub fn unsynced(&self) -> Option<&str> {
-        self.unsynced.as_deref()
+        self.unsynced.as_ref().map(|u| u.why.as_str())
+    }
+
+    /// The phase the failed write would have recorded.
+    pub fn unsynced_phase(&self) -> Option<JournalPhase> {
+        self.unsynced.as_ref().map(|u| u.phase)
+    }
+
+    /// Writes again the journal whose write failed (nothing when none did).
+    pub fn retry(&mut self) -> Result<(), JournalWriteError> {
+        match self.unsynced.take() {
+            Some(u) => self.write(u.next, u.phase, true),
+            None => Ok(()),
+        }
     }
 
     /// Starts `tx` (already in its first phase) and writes it; all or
@@ -158,9 +189,10 @@ impl JournalStore {
 
     /// Applies `change` to the current transaction — which must enter
     /// `phase`, and may record errors or the drain duration in the same
-    /// write — and writes it. The memory moves even if the write fails: the
-    /// caller decides whether to take the next step. With no transaction,
-    /// does nothing.
+    /// write — and writes it. When the write fails, the journal stays as it
+    /// is on disk (and the change is kept for [`Self::retry`]): the caller
+    /// decides whether to take the next step. With no transaction, does
+    /// nothing.
     pub fn update(
         &mut self,
         phase: JournalPhase,
@@ -170,6 +202,17 @@ impl JournalStore {
         let Some(tx) = next.transaction.as_mut() else {
             return Ok(());
         };
+        // The errors of a write that failed stay on record (the phase it
+        // would have entered does not: it never was on disk).
+        if let Some(unwritten) = self
+            .unsynced
+            .as_ref()
+            .and_then(|u| u.next.transaction.as_ref())
+        {
+            if unwritten.attempt.uuid == tx.attempt.uuid {
+                tx.errors = unwritten.errors.clone();
+            }
+        }
         change(tx);
         remember_if_terminal(&mut next);
         self.write(next, phase, true)
@@ -183,7 +226,21 @@ impl JournalStore {
     ) -> Result<(), JournalWriteError> {
         let mut bytes = serde_json::to_vec_pretty(&next).unwrap_or_default();
         bytes.push(b'\n');
-        match write_atomic(&self.path, &bytes, JOURNAL_MODE) {
+        let mut written = write_atomic(&self.path, &bytes, JOURNAL_MODE);
+        if let Err(e) = &written {
+            if e.is_no_space() {
+                log::warn!(
+                    "recording phase {phase}: {e}; {}",
+                    reclaim::describe_free(self.path.parent().unwrap_or(&self.path))
+                );
+                let keep = binaries_of(&self.journal, &next);
+                let keep: Vec<&Path> = keep.iter().map(PathBuf::as_path).collect();
+                if !reclaim::reclaim(&self.layout, &keep).removed.is_empty() {
+                    written = write_atomic(&self.path, &bytes, JOURNAL_MODE);
+                }
+            }
+        }
+        match written {
             Ok(()) => {
                 self.journal = next;
                 self.unsynced = None;
@@ -193,13 +250,24 @@ impl JournalStore {
             Err(source) => {
                 let e = JournalWriteError { phase, source };
                 if keep_on_failure {
-                    self.journal = next;
-                    self.unsynced = Some(e.to_string());
+                    self.unsynced = Some(Unsynced {
+                        next,
+                        phase,
+                        why: e.to_string(),
+                    });
                 }
                 Err(e)
             }
         }
     }
+}
+
+fn binaries_of(a: &Journal, b: &Journal) -> Vec<PathBuf> {
+    [a, b]
+        .iter()
+        .filter_map(|j| j.transaction.as_ref())
+        .flat_map(|t| [t.previous_binary.clone(), t.target_binary.clone()])
+        .collect()
 }
 
 /// Adds the transaction to `finished` once it is terminal (once per uuid).
@@ -344,6 +412,52 @@ mod tests {
         // Human-readable: pretty-printed, one key per line.
         let text = std::fs::read_to_string(layout.journal()).expect("read");
         assert!(text.contains("\n    \"phase\": \"failed\",\n"), "{text}");
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_journal_as_on_disk_until_retried() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (layout, mut s) = store(dir.path());
+        s.begin(tx(&layout)).expect("begin");
+        let on_disk = s.journal().clone();
+        // The directory is gone: every write fails.
+        std::fs::remove_dir_all(layout.updater_state_dir()).expect("rm");
+        let now = Timestamp::from_unix_millis(2_000);
+        let e = s
+            .update(JournalPhase::Activating, |tx| {
+                tx.record_error("probe", "slow", now);
+                tx.enter(JournalPhase::Activating, None, now);
+            })
+            .expect_err("no directory");
+        assert_eq!(e.phase, JournalPhase::Activating);
+        assert_eq!(s.journal(), &on_disk, "memory stays what the disk holds");
+        assert_eq!(s.unsynced_phase(), Some(JournalPhase::Activating));
+        assert!(
+            s.unsynced().expect("why").starts_with(
+                "recording phase activating in the journal: creating a temp file beside "
+            ),
+            "{:?}",
+            s.unsynced()
+        );
+        // A later change keeps the errors of the unwritten one, not its phase.
+        let e = s
+            .update(JournalPhase::Failed, |tx| {
+                tx.enter(JournalPhase::Failed, Some(UpgradeReason::Probe), now);
+            })
+            .expect_err("no directory");
+        assert_eq!(e.phase, JournalPhase::Failed);
+        assert_eq!(s.transaction().expect("tx").phase, JournalPhase::Preparing);
+        std::fs::create_dir_all(layout.updater_state_dir()).expect("mkdir");
+        s.retry().expect("written");
+        assert_eq!(s.unsynced(), None);
+        let (again, _) = JournalStore::load(&layout).expect("reload");
+        let t = again.transaction().expect("tx");
+        assert_eq!(t.phase, JournalPhase::Failed);
+        assert_eq!(t.errors.as_slice()[0].message.as_str(), "slow");
+        let phases: Vec<JournalPhase> = t.transitions.iter().map(|t| t.phase).collect();
+        assert_eq!(phases, [JournalPhase::Preparing, JournalPhase::Failed]);
+        assert_eq!(again.journal(), s.journal());
+        s.retry().expect("nothing pending");
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod freeze;
 mod journal;
 mod oci;
 mod probe;
+mod reclaim;
 mod runas;
 mod server;
 mod service;

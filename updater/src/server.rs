@@ -25,7 +25,7 @@ use fleet_common::socket::{Handler, Peer, Reply};
 use fleet_common::validate::{Arch, Sha256Hex};
 
 use crate::freeze;
-use crate::state::Shared;
+use crate::state::{Mutator, Shared};
 use crate::status::{self, StatusInfo};
 use crate::transaction::{self, Context, Prepared};
 
@@ -124,6 +124,16 @@ impl UpdaterHandler {
             body.retry_after_secs = Some(BUSY_RETRY_AFTER_SECS);
             return Response::<()>::Err(body).into();
         };
+        // A write a full disk refused comes first: a new transaction must
+        // not replace one whose end is not on disk.
+        if m.unsynced().is_some() {
+            if let Err(e) = m.retry() {
+                return Self::error(
+                    ErrorCode::Internal,
+                    format!("the journal cannot be written, so no attempt can start: {e}"),
+                );
+            }
+        }
         // The journal may have moved between the first check and the mutator.
         if let Some(r) = self.by_identity(m.journal(), &attempt, &digest) {
             return r;
@@ -157,7 +167,7 @@ impl UpdaterHandler {
             );
         }
         match transaction::prepare(&mut m, &self.ctx) {
-            Prepared::Failed | Prepared::AlreadyActive => {}
+            Prepared::Failed | Prepared::AlreadyActive => settle_in_background(m, &self.ctx),
             Prepared::Probed => {
                 // The cutover thread exists before the point of no return,
                 // so a failure to create it changes nothing.
@@ -168,12 +178,15 @@ impl UpdaterHandler {
                     .spawn(move || {
                         if let Ok(mut m) = rx.recv() {
                             transaction::cutover(&mut m, &ctx);
+                            transaction::settle(&mut m, &ctx);
                         }
                     });
                 match spawned {
                     Ok(_) => {
                         if transaction::activate(&mut m, &self.ctx).is_ok() {
                             let _ = tx.send(m);
+                        } else {
+                            settle_in_background(m, &self.ctx);
                         }
                     }
                     Err(e) => {
@@ -182,11 +195,31 @@ impl UpdaterHandler {
                             Some(fleet_common::contracts::UpgradeReason::Install),
                             Some(("activate", &format!("cannot start the cutover thread: {e}"))),
                         );
+                        settle_in_background(m, &self.ctx);
                     }
                 }
             }
         }
         self.status()
+    }
+}
+
+/// When the end of an attempt is not on disk (a full disk), writes it
+/// again on the `updater-settle` thread, which holds the mutator meanwhile
+/// (`status` answers the phase on disk and why; an `upgrade` is `busy`).
+/// Otherwise only gives the mutator back.
+fn settle_in_background(mut m: Mutator, ctx: &Arc<Context>) {
+    if m.unsynced().is_none() {
+        return;
+    }
+    let ctx = Arc::clone(ctx);
+    let spawned = std::thread::Builder::new()
+        .name("updater-settle".to_owned())
+        .spawn(move || transaction::settle(&mut m, &ctx));
+    if let Err(e) = spawned {
+        log::error!(
+            "cannot start the thread that writes the journal again ({e}); the next upgrade request retries"
+        );
     }
 }
 

@@ -7,6 +7,10 @@
 //!   [`Shared::try_mutator`] (a second taker is told `busy`), passes it to
 //!   the functions that change state, and hands it back on drop. It moves
 //!   with the work: from the request thread to the cutover thread.
+//!
+//! Every change of the published state also updates systemd's `STATUS=`
+//! ([`crate::status::status_line`]), so `systemctl status fleet-updater`
+//! stays current.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -15,6 +19,7 @@ use fleet_common::validate::AttemptUuid;
 use fleet_common::Timestamp;
 
 use crate::journal::{JournalStore, JournalWriteError};
+use crate::status;
 
 /// The sub-steps of the durable phase `activating`, kept in memory only:
 /// after a crash, recovery takes over from the durable phase.
@@ -51,6 +56,8 @@ pub struct Published {
 pub struct Shared {
     published: Mutex<Published>,
     slot: Mutex<Option<JournalStore>>,
+    /// The last `STATUS=` sent, so an unchanged line is not sent again.
+    status_line: Mutex<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -69,7 +76,22 @@ impl Shared {
         Arc::new(Self {
             published: Mutex::new(published),
             slot: Mutex::new(Some(store)),
+            status_line: Mutex::new(String::new()),
         })
+    }
+
+    /// Sends the current status line to systemd when it changed (a no-op
+    /// outside systemd).
+    pub fn notify_status(&self) {
+        let line = status::status_line(&self.snapshot());
+        let mut last = lock(&self.status_line);
+        if *last != line {
+            let _ = libsystemd::daemon::notify(
+                false,
+                &[libsystemd::daemon::NotifyState::Status(line.clone())],
+            );
+            *last = line;
+        }
     }
 
     /// A copy of the published state.
@@ -158,6 +180,19 @@ impl Mutator {
         r
     }
 
+    /// Writes again the journal whose write failed, and publishes.
+    pub fn retry(&mut self) -> Result<(), JournalWriteError> {
+        let r = self.store_mut().retry();
+        self.publish();
+        r
+    }
+
+    /// Why the last journal write failed, while no later one succeeded.
+    pub fn unsynced(&self) -> Option<(JournalPhase, String)> {
+        let s = self.store();
+        Some((s.unsynced_phase()?, s.unsynced()?.to_owned()))
+    }
+
     /// Records an error in the current phase (no transition), writes the
     /// journal, publishes.
     pub fn note(&mut self, step: &str, message: &str) -> Result<(), JournalWriteError> {
@@ -180,6 +215,7 @@ impl Mutator {
     /// Changes the in-memory view of the current attempt (never persisted).
     pub fn live(&self, f: impl FnOnce(&mut Live)) {
         f(&mut lock(&self.shared.published).live);
+        self.shared.notify_status();
     }
 
     /// Enters an `activating` sub-step now.
@@ -195,9 +231,12 @@ impl Mutator {
 
     fn publish(&self) {
         let store = self.store();
-        let mut p = lock(&self.shared.published);
-        p.journal = store.journal().clone();
-        p.unsynced = store.unsynced().map(str::to_owned);
+        {
+            let mut p = lock(&self.shared.published);
+            p.journal = store.journal().clone();
+            p.unsynced = store.unsynced().map(str::to_owned);
+        }
+        self.shared.notify_status();
     }
 }
 

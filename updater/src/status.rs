@@ -9,6 +9,13 @@
 //! | `rolling-back` | `rolling-back` |
 //! | `failed` | `failed` |
 //! | `rollback-failed` | `rollback-failed` |
+//!
+//! Only the journal on disk is read: a phase whose write failed is not
+//! reported; the last recorded one is, with the error `not recorded:
+//! <reason>`. So `complete` is only ever a `committed` on disk.
+//!
+//! [`status_line`] is the same state in a few words, for systemd's
+//! `STATUS=`.
 
 use std::fmt::Write;
 
@@ -101,7 +108,7 @@ pub fn current(p: &Published, info: &StatusInfo) -> Option<UpgradeStatus> {
         let _ = write!(journal_ref, " _SYSTEMD_INVOCATION_ID={id}");
     }
     let error = match (&p.unsynced, tx.errors.last()) {
-        (Some(u), _) => Some(format!("not recorded on disk: {u}")),
+        (Some(u), _) => Some(format!("not recorded: {u}")),
         (None, Some(e)) => Some(format!("{}: {}", e.step, e.message)),
         (None, None) => None,
     };
@@ -170,6 +177,40 @@ fn default_detail(tx: &Transaction, phase: UpgradePhase, unit: &str) -> String {
             "rollback to {previous} failed: every new attempt is refused until root repair (see the repair procedure in the README)"
         ),
     }
+}
+
+/// The updater's state in words, for `systemctl status fleet-updater`
+/// (`STATUS=`): what it is doing now, or the last result when idle.
+pub fn status_line(p: &Published) -> String {
+    let Some(tx) = p.journal.transaction.as_ref() else {
+        return "idle; no upgrade has run on this device".to_owned();
+    };
+    let live = (p.live.attempt == Some(tx.attempt.uuid)).then_some(&p.live);
+    let step = live.and_then(|l| l.steps.last().map(|s| s.0));
+    let version = &tx.attempt.target_version;
+    let previous = file_name(&tx.previous_binary);
+    let reason = tx.reason.map(|r| format!(" ({r})")).unwrap_or_default();
+    let mut line = match tx.phase {
+        JournalPhase::Preparing => format!("preparing {version}"),
+        JournalPhase::Activating => match step {
+            Some(Step::Starting) => format!("activating {version}: starting the new agent"),
+            Some(Step::Stopping) | None => {
+                format!("activating {version}: stopping the previous agent")
+            }
+        },
+        JournalPhase::RollingBack => format!("rolling back from {version} to {previous}{reason}"),
+        JournalPhase::Committed => format!("idle; last upgrade: {version} complete{reason}"),
+        JournalPhase::Failed => {
+            format!("idle; last upgrade: {version} failed{reason}, {previous} kept")
+        }
+        JournalPhase::RollbackFailed => format!(
+            "quarantined: rollback from {version} to {previous} failed; root repair needed (see REPAIR.md)"
+        ),
+    };
+    if let Some(u) = &p.unsynced {
+        let _ = write!(line, "; not recorded: {u}");
+    }
+    line
 }
 
 /// `fleet-updater status` for a person.
@@ -335,6 +376,69 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("logs:         journalctl _SYSTEMD_UNIT=fleet-agent.service _SYSTEMD_INVOCATION_ID=abc123\n"));
+    }
+
+    #[test]
+    fn the_status_line_says_what_happens_in_words() {
+        use JournalPhase as J;
+        use UpgradeReason as R;
+        let idle = Published {
+            journal: Journal::default(),
+            unsynced: None,
+            live: Live::default(),
+        };
+        assert_eq!(
+            status_line(&idle),
+            "idle; no upgrade has run on this device"
+        );
+        type Path<'a> = &'a [(J, Option<R>)];
+        let cases: [(Path, &str); 6] = [
+            (&[(J::Preparing, Some(R::Accepted))], "preparing 2.0"),
+            (
+                &[(J::Preparing, None), (J::Activating, None)],
+                "activating 2.0: stopping the previous agent",
+            ),
+            (
+                &[(J::Activating, None), (J::RollingBack, Some(R::Interrupted))],
+                "rolling back from 2.0 to fleet-agent-v1.0 (interrupted)",
+            ),
+            (
+                &[(J::Activating, None), (J::Committed, Some(R::Ready))],
+                "idle; last upgrade: 2.0 complete (ready)",
+            ),
+            (
+                &[(J::RollingBack, None), (J::Failed, Some(R::Interrupted))],
+                "idle; last upgrade: 2.0 failed (interrupted), fleet-agent-v1.0 kept",
+            ),
+            (
+                &[(J::RollbackFailed, Some(R::RollbackFailed))],
+                "quarantined: rollback from 2.0 to fleet-agent-v1.0 failed; root repair needed (see REPAIR.md)",
+            ),
+        ];
+        for (path, want) in cases {
+            let mut p = published(path);
+            p.journal.transaction.as_mut().expect("tx").reason = path.last().and_then(|l| l.1);
+            assert_eq!(status_line(&p), want);
+            assert!(!status_line(&p).contains('{'), "no debug text");
+        }
+        let mut p = published(&[(J::Preparing, None), (J::Activating, None)]);
+        p.live.attempt = Some(p.journal.transaction.as_ref().expect("tx").attempt.uuid);
+        p.live.steps = vec![(Step::Starting, Timestamp::from_unix_millis(5_000))];
+        p.unsynced = Some("recording phase committed in the journal: writing /j: No space left on device (os error 28): check free space".into());
+        assert_eq!(
+            status_line(&p),
+            "activating 2.0: starting the new agent; not recorded: recording phase committed in the journal: writing /j: No space left on device (os error 28): check free space"
+        );
+        let s = current(&p, &info()).expect("status");
+        assert_eq!(
+            s.phase,
+            UpgradePhase::Starting,
+            "the phase on disk, not committed"
+        );
+        assert_eq!(
+            s.error.as_ref().map(|e| e.as_str()),
+            Some("not recorded: recording phase committed in the journal: writing /j: No space left on device (os error 28): check free space")
+        );
     }
 
     #[test]

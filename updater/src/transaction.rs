@@ -30,6 +30,7 @@ use crate::fault::{self, FaultPoint};
 use crate::fetch::{hash_file, Fetcher};
 use crate::journal::JournalWriteError;
 use crate::probe::probe;
+use crate::reclaim;
 use crate::runas::RunAs;
 use crate::service::ServiceManager;
 use crate::state::{Mutator, Step};
@@ -224,17 +225,36 @@ fn install_or_verify(
         return Ok(());
     }
     m.detail(format!("downloading {}", attempt.artifact_url));
-    let mut out = AtomicFile::create(target, AGENT_MODE).map_err(|e| install(e.to_string()))?;
     let started = std::time::Instant::now();
-    let fetched = ctx
-        .fetcher
-        .fetch(
+    let mut reclaimed = false;
+    let (out, fetched) = loop {
+        let mut out = AtomicFile::create(target, AGENT_MODE).map_err(|e| install(e.to_string()))?;
+        match ctx.fetcher.fetch(
             &attempt.artifact_url,
             &attempt.sha256,
             attempt.max_bytes.get(),
             &mut out,
-        )
-        .map_err(|e| Failure::new(e.reason(), "download", e))?;
+        ) {
+            Ok(f) => break (out, f),
+            // A full disk: unused agents are removed (the partial file
+            // first), then the download runs once more.
+            Err(e) if e.is_no_space() && !reclaimed => {
+                drop(out);
+                reclaimed = true;
+                log::warn!(
+                    "{e}; {}",
+                    reclaim::describe_free(&ctx.layout.versions_dir())
+                );
+                let previous = m.transaction().map(|t| t.previous_binary.clone());
+                let mut keep = vec![target];
+                keep.extend(previous.as_deref());
+                if reclaim::reclaim(&ctx.layout, &keep).removed.is_empty() {
+                    return Err(Failure::new(e.reason(), "download", e));
+                }
+            }
+            Err(e) => return Err(Failure::new(e.reason(), "download", e)),
+        }
+    };
     if fetched.sha256 != attempt.sha256 {
         return Err(Failure::new(
             UpgradeReason::Checksum,
@@ -348,6 +368,11 @@ pub fn cutover(m: &mut Mutator, ctx: &Context) {
 /// previous agent, and ends in `failed` or `rollback-failed`.
 fn roll_back(m: &mut Mutator, ctx: &Context, cause: Failure) {
     log_failure(m, &cause);
+    // Should `rolling-back` not be written, the phase on disk stays
+    // `activating`: its public form must then not stay `starting` the
+    // target, which the previous agent would take for a start of the wrong
+    // binary and refuse.
+    m.step(Step::Stopping);
     if let Err(e) = m.enter(
         JournalPhase::RollingBack,
         Some(cause.reason),
@@ -367,7 +392,23 @@ fn restore_previous(m: &mut Mutator, ctx: &Context) -> Result<(), Failure> {
     };
     m.detail(format!("restoring {}", previous.display()));
     fault::hit(FaultPoint::BeforeRestorePrevious);
-    let restored = switch_symlink(&ctx.layout.active_agent_link(), &previous);
+    let link = ctx.layout.active_agent_link();
+    let mut restored = switch_symlink(&link, &previous);
+    if let Err(e) = &restored {
+        // A full disk must not end in a quarantine: free space, try once more.
+        if e.is_no_space() {
+            log::warn!(
+                "{e}; {}",
+                reclaim::describe_free(link.parent().unwrap_or(&link))
+            );
+            let target = m.transaction().map(|t| t.target_binary.clone());
+            let mut keep = vec![previous.as_path()];
+            keep.extend(target.as_deref());
+            if !reclaim::reclaim(&ctx.layout, &keep).removed.is_empty() {
+                restored = switch_symlink(&link, &previous);
+            }
+        }
+    }
     fault::hit(FaultPoint::AfterRestorePrevious);
     restored.map_err(|e| Failure::new(UpgradeReason::RollbackFailed, "restore-previous", e))
 }
@@ -420,22 +461,6 @@ fn quarantine(m: &mut Mutator, f: &Failure) -> Result<(), JournalWriteError> {
     )
 }
 
-/// Recovery could not persist its phase: the updater must not report ready.
-#[derive(Debug)]
-pub struct RecoveryError(pub JournalWriteError);
-
-impl fmt::Display for RecoveryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "recovery cannot record its phase, so the updater does not start: {}",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for RecoveryError {}
-
 /// What recovery still has to do once the updater is ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pending {
@@ -447,38 +472,68 @@ pub enum Pending {
     StopStartPrevious { cause: UpgradeReason },
 }
 
+impl fmt::Display for Pending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Nothing => f.write_str("nothing to recover"),
+            Self::StartPrevious => f.write_str("starting the previous agent"),
+            Self::StopStartPrevious { cause } => {
+                write!(f, "restarting the previous agent ({cause})")
+            }
+        }
+    }
+}
+
+/// First wait before writing again a journal that a full disk refused.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+/// Longest wait between retries: an operator freeing space sees the
+/// journal recorded within a minute, and a full disk is not hammered.
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The seed's recovery table, up to the point where the updater may report
 /// ready: the previous link is selected and the recovery phase persisted.
-pub fn recover(m: &mut Mutator, ctx: &Context) -> Result<Pending, RecoveryError> {
+///
+/// On a full disk the recovery phase may not be written. The previous link
+/// is selected all the same (a restart in the phase on disk would select it
+/// too), the updater goes on to readiness so that the previous agent can
+/// start, and [`complete_recovery`] writes the journal once it can, with
+/// backoff. Status meanwhile reports the phase on disk and why the next is
+/// not recorded.
+pub fn recover(m: &mut Mutator, ctx: &Context) -> Pending {
     let Some(tx) = m.transaction() else {
-        return Ok(Pending::Nothing);
+        return Pending::Nothing;
     };
     let (phase, cause) = (tx.phase, tx.reason);
     let attempt = tx.attempt.uuid.to_string();
     m.live(|l| l.attempt = Some(tx.attempt.uuid));
-    log::info!(attempt = attempt.as_str(); "journal phase at start: {phase}");
+    let state_dir = ctx.layout.updater_state_dir();
+    log::info!(attempt = attempt.as_str(); "journal phase at start: {phase}; {}", reclaim::describe_free(&state_dir));
     let record = |m: &mut Mutator, phase, reason, error: (&str, &str)| {
-        m.enter(phase, Some(reason), Some(error))
-            .map_err(RecoveryError)
+        if let Err(e) = m.enter(phase, Some(reason), Some(error)) {
+            log::error!("{e}; {}; the previous agent is selected all the same, and the journal is written again once space is freed", reclaim::describe_free(&state_dir));
+        }
     };
-    let pending = match phase {
+    match phase {
         // | preparing | restore the previous link, record failed, start the
         //   previous service; restore or start failure → rollback-failed |
-        JournalPhase::Preparing => {
-            match restore_previous(m, ctx) {
-                Ok(()) => {
-                    record(m, JournalPhase::Failed, UpgradeReason::Interrupted, (
-                    "recovery",
-                    "the updater restarted while preparing; the candidate was never activated",
-                ))?;
-                    Pending::StartPrevious
-                }
-                Err(f) => {
-                    quarantine(m, &f).map_err(RecoveryError)?;
-                    Pending::Nothing
-                }
+        JournalPhase::Preparing => match restore_previous(m, ctx) {
+            Ok(()) => {
+                record(
+                    m,
+                    JournalPhase::Failed,
+                    UpgradeReason::Interrupted,
+                    (
+                        "recovery",
+                        "the updater restarted while preparing; the candidate was never activated",
+                    ),
+                );
+                Pending::StartPrevious
             }
-        }
+            Err(f) => {
+                quarantine_logged(m, &f);
+                Pending::Nothing
+            }
+        },
         // | activating | record rolling-back, restore the previous link,
         //   stop, then start the previous service |
         JournalPhase::Activating => {
@@ -490,8 +545,8 @@ pub fn recover(m: &mut Mutator, ctx: &Context) -> Result<Pending, RecoveryError>
                     "recovery",
                     "the updater restarted during the cutover; rolling back to the previous agent",
                 ),
-            )?;
-            restore_or_quarantine(m, ctx, UpgradeReason::Interrupted)?
+            );
+            restore_or_quarantine(m, ctx, UpgradeReason::Interrupted)
         }
         // | committed | keep the target |
         JournalPhase::Committed => Pending::Nothing,
@@ -505,7 +560,7 @@ pub fn recover(m: &mut Mutator, ctx: &Context) -> Result<Pending, RecoveryError>
                 log::error!("{e}");
             }
             let cause = cause.unwrap_or(UpgradeReason::Interrupted);
-            restore_or_quarantine(m, ctx, cause)?
+            restore_or_quarantine(m, ctx, cause)
         }
         // | failed | keep the previous target; no automatic retry |
         JournalPhase::Failed => Pending::Nothing,
@@ -514,20 +569,48 @@ pub fn recover(m: &mut Mutator, ctx: &Context) -> Result<Pending, RecoveryError>
             log::error!(attempt = attempt.as_str(); "rollback-failed: every attempt is refused until root repair (see the repair procedure)");
             Pending::Nothing
         }
-    };
-    Ok(pending)
+    }
 }
 
-fn restore_or_quarantine(
-    m: &mut Mutator,
-    ctx: &Context,
-    cause: UpgradeReason,
-) -> Result<Pending, RecoveryError> {
+fn quarantine_logged(m: &mut Mutator, f: &Failure) {
+    if let Err(e) = quarantine(m, f) {
+        log::error!("{e}");
+    }
+}
+
+fn restore_or_quarantine(m: &mut Mutator, ctx: &Context, cause: UpgradeReason) -> Pending {
     match restore_previous(m, ctx) {
-        Ok(()) => Ok(Pending::StopStartPrevious { cause }),
+        Ok(()) => Pending::StopStartPrevious { cause },
         Err(f) => {
-            quarantine(m, &f).map_err(RecoveryError)?;
-            Ok(Pending::Nothing)
+            quarantine_logged(m, &f);
+            Pending::Nothing
+        }
+    }
+}
+
+/// Writes again, until it succeeds, a journal write that failed (a full
+/// disk): each try reclaims unused agents first when space is short, and
+/// logs the free space seen. The caller holds the mutator meanwhile, so a
+/// new attempt is told `busy` while `status` reports the phase on disk and
+/// why the next is not recorded. Returns at once when nothing is pending.
+pub fn settle(m: &mut Mutator, ctx: &Context) {
+    let state_dir = ctx.layout.updater_state_dir();
+    let mut wait = RETRY_FIRST;
+    let mut tries = 0u32;
+    while let Some((phase, why)) = m.unsynced() {
+        log::warn!(
+            "phase {phase} is not recorded ({why}); {}; writing it again in {} s",
+            reclaim::describe_free(&state_dir),
+            wait.as_secs()
+        );
+        std::thread::sleep(wait);
+        tries += 1;
+        match m.retry() {
+            Ok(()) => log::info!(
+                "phase {phase} recorded after {tries} retries; {}",
+                reclaim::describe_free(&state_dir)
+            ),
+            Err(_) => wait = (wait * 2).min(RETRY_MAX),
         }
     }
 }

@@ -229,6 +229,9 @@ pub enum Refusal {
     ReconcilerBusy,
     /// An image or artifact download is in progress.
     DownloadInProgress,
+    /// The freeze could not be written to disk (a full disk, for
+    /// instance); a freeze is answered only once it is.
+    NotPersisted,
 }
 
 impl Refusal {
@@ -241,6 +244,7 @@ impl Refusal {
             Self::IntentPending => "intent-pending",
             Self::ReconcilerBusy => "reconciler-busy",
             Self::DownloadInProgress => "download-in-progress",
+            Self::NotPersisted => "not-persisted",
         }
     }
 }
