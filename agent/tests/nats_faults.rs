@@ -146,10 +146,11 @@ fn lost_republished_changes_are_caught(v: NatsVersion) {
     set_republish(&admin, true);
 }
 
-#[test]
-fn lost_republished_changes_are_caught_2_9() {
-    lost_republished_changes_are_caught(NatsVersion::V2_9);
-}
+// Only on 2.14: the test loses a message by turning the stream's republish
+// off and on, and nats-server 2.9 cannot change a stream's republish after
+// creation (error 10052). The rule itself (`KeyTracker`) is unit-tested in
+// fleet-common; the read path is the same on both versions (every other
+// test here runs on both).
 
 #[test]
 fn lost_republished_changes_are_caught_2_14() {

@@ -11,7 +11,7 @@ use crate::{admin, rollout, status, upgrade, watch, workload};
 pub const HELP: &str = "fleetctl: the operator's NATS commands
 
 Usage:
-  fleetctl buckets create [--replicas N]
+  fleetctl buckets create [--replicas N] [--recreate]
   fleetctl workload apply DEVICE WORKLOAD SPEC.json   (SPEC.json - reads stdin)
   fleetctl workload rm DEVICE WORKLOAD
   fleetctl workload ls DEVICE
@@ -40,6 +40,9 @@ pub enum Command {
     Help,
     BucketsCreate {
         replicas: u8,
+        /// Recreate (keeping every key's last value) a bucket the server
+        /// cannot update in place.
+        recreate: bool,
     },
     Apply {
         device: String,
@@ -81,6 +84,7 @@ struct Opts {
     json: bool,
     heartbeats: bool,
     replicas: Option<String>,
+    recreate: bool,
 }
 
 fn opts(args: Vec<String>) -> Result<Opts, String> {
@@ -91,6 +95,7 @@ fn opts(args: Vec<String>) -> Result<Opts, String> {
         json: false,
         heartbeats: false,
         replicas: None,
+        recreate: false,
     };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -102,6 +107,7 @@ fn opts(args: Vec<String>) -> Result<Opts, String> {
             "--retry" => o.retry = true,
             "--json" => o.json = true,
             "--heartbeats" => o.heartbeats = true,
+            "--recreate" => o.recreate = true,
             "--help" | "-h" => o.words = vec!["--help".into()],
             s if s.starts_with("--") => return Err(format!("unknown option {s:?}")),
             _ => o.words.push(a),
@@ -122,6 +128,7 @@ pub fn parse(args: &[String]) -> Result<(Command, ConnFlags), String> {
             (o.json, "--json"),
             (o.heartbeats, "--heartbeats"),
             (o.replicas.is_some(), "--replicas"),
+            (o.recreate, "--recreate"),
         ]
         .into_iter()
         .find(|(given, name)| *given && !what.split(' ').any(|a| a == *name));
@@ -145,7 +152,13 @@ pub fn parse(args: &[String]) -> Result<(Command, ConnFlags), String> {
                     _ => return Err(format!("--replicas {n:?}: use 1 to 5")),
                 },
             };
-            unused("--replicas", Command::BucketsCreate { replicas })?
+            unused(
+                "--replicas --recreate",
+                Command::BucketsCreate {
+                    replicas,
+                    recreate: o.recreate,
+                },
+            )?
         }
         ["workload", "apply", d, wl, spec] => unused(
             "",
@@ -210,14 +223,17 @@ fn run(command: Command, flags: ConnFlags) -> Result<Output, CtlError> {
     let c = connect::connect(&options, mode)?;
     let out = match command {
         Command::Help => Output::text(String::new()),
-        Command::BucketsCreate { replicas } => {
+        Command::BucketsCreate { replicas, recreate } => {
             let mut out = String::new();
-            for (bucket, outcome) in admin::create_buckets(&c, replicas)? {
+            for (bucket, outcome) in admin::create_buckets(&c, replicas, recreate)? {
                 out.push_str(&match outcome {
                     admin::BucketOutcome::Ready => format!("{bucket}: ready\n"),
                     admin::BucketOutcome::Updated => {
                         format!("{bucket}: updated in place to this release's config\n")
                     }
+                    admin::BucketOutcome::Recreated { keys } => format!(
+                        "{bucket}: recreated with this release's config, {keys} keys copied\n"
+                    ),
                 });
             }
             Output::text(out)
@@ -368,7 +384,10 @@ mod tests {
         );
         assert_eq!(
             p(&["buckets", "create", "--replicas", "3"]),
-            Ok(Command::BucketsCreate { replicas: 3 })
+            Ok(Command::BucketsCreate {
+                replicas: 3,
+                recreate: false
+            })
         );
         assert_eq!(p(&["upgrade", "--help"]), Ok(Command::Help));
         for (a, says) in [

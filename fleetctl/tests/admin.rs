@@ -99,3 +99,87 @@ fn apply_validates_then_writes_and_status_reads_back() {
     let (code, _, err) = fleetctl(&server, &pw, &["device", "status", "dev1"]);
     assert_eq!(code, 4, "{err}");
 }
+
+/// An older deployment's `fleet-control` (no republish) with an intent in
+/// it: `buckets create` brings it to this release's config in place on
+/// 2.14; on 2.9, which cannot add republish to a stream, it refuses and
+/// says what to do, and `--recreate` keeps the intent.
+fn an_older_deployments_buckets_are_brought_up_to_date(v: NatsVersion) {
+    use fleet_common::nats_config::{kv_stream_config, stream_create_subject, FLEET_BUCKETS};
+    let server = NatsServer::start_fleet(v, &["dev1"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pw = dir.path().join("pw");
+    std::fs::write(&pw, format!("{NATS_ADMIN_PASSWORD}\n")).expect("write");
+    let admin = server.admin();
+    let api = |subject: &str, body: String| {
+        let r = admin
+            .request_timeout(subject, body, std::time::Duration::from_secs(5))
+            .expect("answer");
+        serde_json::from_slice::<serde_json::Value>(&r.data).expect("json")
+    };
+    let spec = FLEET_BUCKETS
+        .iter()
+        .find(|b| b.bucket == "fleet-control")
+        .expect("fleet-control");
+    let mut old = kv_stream_config(spec, 1);
+    old.as_object_mut().expect("object").remove("republish");
+    api("$JS.API.STREAM.DELETE.KV_fleet-control", String::new());
+    let created = api(&stream_create_subject("fleet-control"), old.to_string());
+    assert!(created.get("error").is_none(), "{created}");
+    let put = api(
+        "$KV.fleet-control.dev1.agent-upgrade-intent",
+        r#"{"kept":true}"#.to_owned(),
+    );
+    assert!(put.get("error").is_none(), "{put}");
+    let republish = || {
+        api("$JS.API.STREAM.INFO.KV_fleet-control", String::new())["config"]["republish"].clone()
+    };
+    assert!(republish().is_null());
+
+    let (code, out, err) = fleetctl(&server, &pw, &["buckets", "create"]);
+    match v {
+        NatsVersion::V2_14 => {
+            assert_eq!(code, 0, "{err}");
+            assert!(
+                out.contains("fleet-control: updated in place to this release's config\n"),
+                "{out}"
+            );
+        }
+        NatsVersion::V2_9 => {
+            assert_eq!(code, 6, "{out}{err}");
+            assert!(err.contains("fleetctl buckets create --recreate"), "{err}");
+            assert!(republish().is_null(), "nothing changed");
+            let (code, out, err) = fleetctl(&server, &pw, &["buckets", "create", "--recreate"]);
+            assert_eq!(code, 0, "{err}");
+            assert!(
+                out.contains(
+                    "fleet-control: recreated with this release's config, 1 keys copied\n"
+                ),
+                "{out}"
+            );
+        }
+    }
+    assert_eq!(
+        republish(),
+        serde_json::json!({"src": "$KV.fleet-control.>", "dest": "fleetkv.fleet-control.>"})
+    );
+    let kept = api(
+        "$JS.API.DIRECT.GET.KV_fleet-control.$KV.fleet-control.dev1.agent-upgrade-intent",
+        String::new(),
+    );
+    assert_eq!(kept, serde_json::json!({"kept": true}));
+    // Idempotent.
+    let (code, out, err) = fleetctl(&server, &pw, &["buckets", "create"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("fleet-control: ready\n"), "{out}");
+}
+
+#[test]
+fn an_older_deployments_buckets_are_brought_up_to_date_2_9() {
+    an_older_deployments_buckets_are_brought_up_to_date(NatsVersion::V2_9);
+}
+
+#[test]
+fn an_older_deployments_buckets_are_brought_up_to_date_2_14() {
+    an_older_deployments_buckets_are_brought_up_to_date(NatsVersion::V2_14);
+}
