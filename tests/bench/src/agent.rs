@@ -114,7 +114,7 @@ pub struct AgentBench<'a> {
     device: AgentDevice,
     _notify: Notify,
     agent: ChildGuard,
-    admin: nats::kv::Store,
+    admin: nats::Connection,
 }
 
 impl<'a> AgentBench<'a> {
@@ -130,9 +130,7 @@ impl<'a> AgentBench<'a> {
                 agent.log()
             );
         }
-        let admin = nats::jetstream::new(nats.admin())
-            .key_value("fleet-desired")
-            .unwrap_or_else(|e| panic!("bucket fleet-desired: {e}"));
+        let admin = nats.admin();
         AgentBench {
             nats,
             podman,
@@ -149,10 +147,11 @@ impl<'a> AgentBench<'a> {
     }
 
     fn put(&self, workload: &str, command: &[&str]) {
+        // The device's document, by compare-and-set, as fleetctl writes it.
         let spec = serde_json::json!({"image": self.image, "command": command});
-        self.admin
-            .put(&format!("{}.{workload}", self.device.id), spec.to_string())
-            .unwrap_or_else(|e| panic!("put {workload}: {e}"));
+        fleet_harness::desired::edit_document(&self.admin, &self.device.id, |w| {
+            w.insert(workload.to_owned(), spec.clone());
+        });
     }
 
     /// Workloads the device reports running.

@@ -202,17 +202,18 @@ pub fn server_pid(server: &NatsServer) -> Option<u32> {
     })
 }
 
-/// Puts `<device>.web` for every device, all published before any ack is
+/// Puts every device's desired document (`fleet-workloads`
+/// `<device>.desired`, [`WORKLOAD`] alone), all published before any ack is
 /// read. Returns (the instant the first was published, the time until the
 /// last ack) and each device's stream sequence.
 fn put_all(admin: &nats::Connection, ids: &[String]) -> ((Instant, Duration), Vec<u64>) {
-    let spec = SPEC;
+    let doc = format!(r#"{{"workloads":{{"{WORKLOAD}":{SPEC}}}}}"#);
     let puts: Vec<(String, Vec<u8>)> = ids
         .iter()
         .map(|id| {
             (
-                format!("$KV.fleet-desired.{id}.{WORKLOAD}"),
-                spec.as_bytes().to_vec(),
+                format!("$KV.fleet-workloads.{id}.desired"),
+                doc.as_bytes().to_vec(),
             )
         })
         .collect();
