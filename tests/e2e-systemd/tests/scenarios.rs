@@ -15,6 +15,7 @@
 //! | NATS unreachable after the cutover | the real agent | its start times out → rollback → `failed`, the truth in NATS once it is back |
 //! | corrupt journal | — | the updater refuses to start and says why; the agent keeps running; repaired by hand |
 //! | `rollback-failed` | crashes, and the previous binary is removed | quarantine, refusals, `setup --repair`, then an upgrade completes |
+//! | mixed fleet | the released agent 0.1.0 (a consumer per device), then this agent | 0.1.0 runs and follows `fleetctl workload` on today's server config; the upgrade from it completes and this agent reads the same desired state without a consumer |
 
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ use fleet_e2e_systemd::{
     assert_in_order, Device, Fleet, Run, SelfTest, StandIn, AGENT_START_TIMEOUT_SECS, AGENT_UNIT,
     BOOTSTRAP, CRASHED_ONCE_MARKER, JOURNAL, LINK, SETTLE, UPDATER_UNIT, UPGRADE_TEST_VERSION,
 };
-use fleet_harness::{poll_until, test_agent_path, NatsVersion, Registry};
+use fleet_harness::{poll_until, test_agent_path, NatsVersion, Registry, RELEASED_AGENT_VERSION};
 use fleet_updater::FaultPoint;
 
 fn next_agent() -> Vec<u8> {
@@ -537,4 +538,64 @@ fn rollback_failed_quarantines_until_setup_repair_brings_the_device_back() {
         (JournalPhase::Committed, UpgradeReason::Ready),
         UPGRADE_TEST_VERSION,
     );
+}
+
+/// A mixed fleet under systemd: the device goes to the released agent 0.1.0
+/// (generation 1: a consumer per device) through the updater, which runs
+/// and follows `fleetctl workload` on today's server config (Debian's
+/// nats-server 2.9) and buckets; then it upgrades from 0.1.0 to this
+/// agent's protocol, which reads the same desired state without a consumer.
+#[test]
+fn a_device_on_the_released_agent_is_served_and_upgrades() {
+    let fleet = Fleet::start(NatsVersion::V2_9, &["mixed1"]);
+    let d = Device::install(&fleet, "mixed1", false);
+    fleet.wait_reporting(&d.id, &d.bootstrap, SETTLE);
+    let released = std::fs::read(test_agent_path(RELEASED_AGENT_VERSION)).expect("agent 0.1.0");
+    let release = fleet.release_https(RELEASED_AGENT_VERSION, released);
+    let uuid = fleet.upgrade(&d.id, &release);
+    assert_settled(
+        &fleet,
+        &d,
+        uuid,
+        (JournalPhase::Committed, UpgradeReason::Ready),
+        RELEASED_AGENT_VERSION,
+    );
+    let spec = std::env::temp_dir().join(format!("mixed1-{}.json", std::process::id()));
+    std::fs::write(&spec, r#"{"image":"localhost/fleet-test/sleeper:1"}"#).expect("write");
+    let apply = |name: &str| {
+        let (code, out, err) = fleet.run_fleetctl(&[
+            "workload",
+            "apply",
+            &d.id,
+            name,
+            spec.to_str().expect("utf8"),
+        ]);
+        assert_eq!(code, Some(0), "{out}{err}");
+    };
+    let reported = |names: &[&str]| {
+        poll_until(&format!("{names:?} reported by {}", d.id), SETTLE, || {
+            let (_, out, _) = fleet.run_fleetctl(&["workload", "ls", &d.id]);
+            let listed: Vec<&str> = out
+                .lines()
+                .filter(|l| l.contains("pending"))
+                .filter_map(|l| l.split(':').next())
+                .collect();
+            (listed == names).then_some(())
+        })
+    };
+    apply("web");
+    reported(&["web"]);
+
+    let release = fleet.release_https(UPGRADE_TEST_VERSION, next_agent());
+    let uuid = fleet.upgrade(&d.id, &release);
+    assert_settled(
+        &fleet,
+        &d,
+        uuid,
+        (JournalPhase::Committed, UpgradeReason::Ready),
+        UPGRADE_TEST_VERSION,
+    );
+    apply("api");
+    reported(&["api", "web"]);
+    let _ = std::fs::remove_file(&spec);
 }
