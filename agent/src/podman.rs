@@ -199,8 +199,21 @@ struct PsEntry {
     pid: i64,
 }
 
+/// Characters of a container name kept from `ps` (ours are
+/// `fleet-<workload>`); a longer one is cut, for log lines.
+const MAX_NAME_BYTES: usize = 128;
+
+/// A container id as Podman prints it: 1 to 64 hex digits. Ids are passed
+/// to `start` and `rm`, so anything else (an option, a name of another
+/// container) is refused.
+fn is_container_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Keeps the entries of `ps --format json` that carry our managed-by label
-/// and `device`'s label; everything else is not ours to touch.
+/// and `device`'s label; everything else is not ours to touch. An entry of
+/// ours whose id is not a container id makes the whole output suspect: an
+/// error, so that nothing is changed on its word.
 pub fn parse_ps(json: &[u8], device: &DeviceId) -> Result<Vec<LiveContainer>, String> {
     let entries: Vec<PsEntry> = serde_json::from_slice(json).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
@@ -211,13 +224,24 @@ pub fn parse_ps(json: &[u8], device: &DeviceId) -> Result<Vec<LiveContainer>, St
         {
             continue;
         }
+        if !is_container_id(&e.id) {
+            return Err(format!(
+                "a container labelled for this device has the id {:?}, not a container id",
+                bounded_text(e.id.as_bytes(), 80)
+            ));
+        }
         let state = match e.state.as_str() {
             "running" => LiveState::Running,
             "paused" => LiveState::Paused,
             other => LiveState::Down(other.to_owned()),
         };
         out.push(LiveContainer {
-            name: e.names.into_iter().next().unwrap_or_default(),
+            name: e
+                .names
+                .into_iter()
+                .next()
+                .map(|n| bounded_text(n.as_bytes(), MAX_NAME_BYTES))
+                .unwrap_or_default(),
             id: e.id,
             state,
             image: e.image,
@@ -501,6 +525,23 @@ mod tests {
             "an invalid workload label is no workload"
         );
         assert!(parse_ps(b"[]", &dev()).expect("empty").is_empty());
+        // Ours with an id that is an option, or a long escaped name.
+        let lying = br#"[{"Id":"--all","Names":["fleet-web"],"State":"exited",
+           "Labels":{"io.harmony.fleet.managed-by":"fleet-agent","io.harmony.fleet.device":"dev1"}}]"#;
+        assert_eq!(
+            parse_ps(lying, &dev()).expect_err("refused"),
+            r#"a container labelled for this device has the id "--all", not a container id"#
+        );
+        let long = format!(
+            r#"[{{"Id":"abc123","Names":["fleet-\u001b{}"],"State":"running",
+               "Labels":{{"io.harmony.fleet.managed-by":"fleet-agent","io.harmony.fleet.device":"dev1"}}}}]"#,
+            "x".repeat(1000)
+        );
+        let live = parse_ps(long.as_bytes(), &dev()).expect("parsed");
+        assert_eq!(
+            live[0].name,
+            format!("fleet-\\u{{1b}}{}… [884 more bytes cut]", "x".repeat(116))
+        );
         assert!(parse_ps(b"{", &dev()).is_err());
     }
 

@@ -60,6 +60,7 @@ use fleet_common::contracts::{
 };
 use fleet_common::durable;
 use fleet_common::limits::MAX_STATE_FILE_BYTES;
+use fleet_common::process::{bounded_text, MAX_LOG_TEXT_BYTES};
 use fleet_common::validate::{BoundedText, DeviceId, Sha256Hex, WorkloadName};
 use fleet_common::{Layout, Timestamp};
 
@@ -1204,7 +1205,11 @@ impl Reconciler {
                 t.since = Timestamp::now();
             }
             let Some(image) = image else {
-                log::error!(device = self.device.as_str(), workload = w.as_str(); "not reporting the workload: its value names no valid image ({})", last_error.unwrap_or_default());
+                let why = bounded_text(
+                    last_error.unwrap_or_default().as_bytes(),
+                    MAX_LOG_TEXT_BYTES,
+                );
+                log::error!(device = self.device.as_str(), workload = w.as_str(); "not reporting the workload: its value names no valid image ({why})");
                 continue;
             };
             report.insert(
