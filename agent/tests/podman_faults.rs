@@ -223,6 +223,8 @@ fn issue_21_a_hung_podman_is_reported_and_heartbeats_keep_their_schedule() {
     faults.set("version", "hang");
     let hung_at = Instant::now();
     put_workload(&admin, "dev1", "api", &quick_sleeper(&podman, "api"));
+    poll_until("ps hung", CONVERGE, || faults.hung_pid("ps"));
+    let ps_hung = Instant::now();
     let r = wait_report(
         &admin,
         "Podman unreachable in the report",
@@ -232,12 +234,13 @@ fn issue_21_a_hung_podman_is_reported_and_heartbeats_keep_their_schedule() {
                 && workload(r, "web").is_some_and(|s| s.state == WorkloadState::Unknown)
         },
     );
-    let reported_after = hung_at.elapsed();
-    // ps silent for the resync interval (2 s here, at least 5 s), plus a
-    // publish: well within one production resync interval (30 s).
+    // Silent for the resync interval (2 s here, at least 5 s), plus a
+    // publish: before the ps is killed, and well within one production
+    // resync interval (30 s).
+    let reported_after = ps_hung.elapsed();
     assert!(
-        reported_after < Duration::from_secs(12),
-        "reported after {reported_after:?}"
+        reported_after < Duration::from_secs(COMMAND_TIMEOUT_SECS),
+        "reported {reported_after:?} after ps hung"
     );
     let down = r.podman_unreachable.clone().expect("unreachable");
     assert!(
@@ -278,19 +281,17 @@ fn issue_21_a_hung_podman_is_reported_and_heartbeats_keep_their_schedule() {
         Some(down.since),
         "unreachable since the first failure"
     );
-    let hang = hung_at.elapsed();
-    let seen = beats.since(hung_at);
+    let now = Instant::now();
+    let hang = now - hung_at;
+    let mut seen = vec![hung_at];
+    seen.extend(beats.since(hung_at));
+    seen.push(now);
     let gaps: Vec<Duration> = seen.windows(2).map(|w| w[1] - w[0]).collect();
     let worst = gaps.iter().max().copied().unwrap_or_default();
     // 1 s interval plus up to 0.1 s jitter, plus a loaded CI machine.
     assert!(
         worst < Duration::from_millis(2500),
         "a heartbeat gap of {worst:?} during a {hang:?} hang: {gaps:?}"
-    );
-    assert!(
-        seen.len() as u64 + 2 >= hang.as_secs(),
-        "{} heartbeats in {hang:?}",
-        seen.len()
     );
 
     // Podman fails, with a long line of stderr full of escapes.
