@@ -447,6 +447,8 @@ pub struct Reconciler {
     settled: Option<Settled>,
     /// A desired-state change arrived since the last pass planned.
     changed: bool,
+    /// Desired-state changes applied, ever (to tell a new one arrived).
+    changes: u64,
     report: ReportSink,
     last_reported: Option<(
         BTreeMap<WorkloadName, WorkloadStatus>,
@@ -543,6 +545,7 @@ impl Reconciler {
             resync,
             settled: None,
             changed: false,
+            changes: 0,
             report,
             last_reported: None,
             podman_down: None,
@@ -608,6 +611,7 @@ impl Reconciler {
 
     fn apply(&mut self, change: DesiredChange) {
         self.changed = true;
+        self.changes += 1;
         match change {
             DesiredChange::Snapshot(map) => {
                 log::info!(device = self.device.as_str(); "desired state: {} workloads", map.len());
@@ -778,6 +782,7 @@ impl Reconciler {
         }
         let silent = silent_after(self.resync);
         let mut said_silent = false;
+        let mut changes = self.changes;
         loop {
             match answer.recv_timeout(PS_POLL) {
                 Ok(r) => return Some(r.map_err(|e| (began, e))),
@@ -792,11 +797,11 @@ impl Reconciler {
                 }
                 Err(RecvTimeoutError::Timeout) => {}
             }
-            let before = self.changed;
             if !self.drain(rx) || shutdown.is_requested() {
                 return None;
             }
-            let news = self.changed != before || (self.changed && said_silent);
+            let news = self.changes != changes;
+            changes = self.changes;
             if started.elapsed() >= silent && (!said_silent || news) {
                 if !said_silent {
                     let e = PodmanError::Silent {
@@ -1469,6 +1474,16 @@ mod tests {
             vec!["api", "bad", "db", "web"]
         );
         assert_eq!(view.get(&w("web")), Some(&DesiredEntry::Valid(web1)));
+    }
+
+    #[test]
+    fn podman_is_silent_after_the_resync_interval_within_5_to_15_s() {
+        assert_eq!(silent_after(Duration::from_secs(2)), Duration::from_secs(5));
+        assert_eq!(silent_after(Duration::from_secs(8)), Duration::from_secs(8));
+        assert_eq!(
+            silent_after(Duration::from_secs(30)),
+            Duration::from_secs(15)
+        );
     }
 
     #[test]
