@@ -100,6 +100,7 @@ impl DisabledReporter {
                     restarts: 0,
                     last_error: Some(BoundedText::truncate(error)),
                     since,
+                    waiting: None,
                 },
             );
         }
@@ -108,6 +109,7 @@ impl DisabledReporter {
             (self.report)(WorkloadsReport {
                 workloads,
                 observed_at: Timestamp::now(),
+                podman_unreachable: None,
             });
         }
     }

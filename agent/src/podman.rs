@@ -14,7 +14,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use fleet_common::contracts::{ImageRef, PullPolicy, RestartPolicy, WorkloadSpec};
-use fleet_common::process::{describe_status, run_bounded, ProcessError};
+use fleet_common::process::{
+    bounded_text, describe_status, run_bounded_split, Output, ProcessError, MAX_DIAGNOSTIC_BYTES,
+};
 use fleet_common::validate::{DeviceId, WorkloadName};
 use serde::Deserialize;
 
@@ -29,11 +31,17 @@ pub const MANAGED_BY: &str = "fleet-agent";
 /// Container name prefix.
 pub const NAME_PREFIX: &str = "fleet-";
 
-/// Output kept from one podman call (a `ps` of [`MAX_WORKLOADS_PER_DEVICE`]
-/// containers is well below this).
+/// Stdout kept from one podman call; more is refused whole, never parsed
+/// cut. `ps` of 20 managed containers (one port, one env, Podman 4.3.1)
+/// printed 22,716 bytes, ~1.1 KiB each, so [`MAX_WORKLOADS_PER_DEVICE`] of
+/// them fit with room for bigger specs (`ps` lists only this device's).
+/// Small so that a burst of output costs little memory: the buffer is at
+/// most this, and freed after the call.
 ///
 /// [`MAX_WORKLOADS_PER_DEVICE`]: fleet_common::limits::MAX_WORKLOADS_PER_DEVICE
-const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
+pub const MAX_STDOUT_BYTES: usize = 512 * 1024;
+/// Stderr kept from one podman call: the last bytes, where the cause is.
+pub const MAX_STDERR_BYTES: usize = 16 * 1024;
 /// Seconds podman waits after SIGTERM before SIGKILL when removing a
 /// container (podman's own default).
 pub const STOP_TIMEOUT_SECS: u32 = 10;
@@ -59,6 +67,12 @@ pub enum PodmanError {
         what: String,
         detail: String,
     },
+    /// Still running after `after` (the caller stopped waiting; the call
+    /// goes on, bounded by the command timeout).
+    Silent {
+        what: String,
+        after: Duration,
+    },
 }
 
 impl fmt::Display for PodmanError {
@@ -73,6 +87,11 @@ impl fmt::Display for PodmanError {
             Self::Parse { what, detail } => {
                 write!(f, "podman {what} printed unexpected output: {detail}")
             }
+            Self::Silent { what, after } => write!(
+                f,
+                "podman {what} has not answered within {} s: check Podman (`podman ps` as the agent's user) and its storage",
+                after.as_secs()
+            ),
         }
     }
 }
@@ -181,8 +200,21 @@ struct PsEntry {
     pid: i64,
 }
 
+/// Characters of a container name kept from `ps` (ours are
+/// `fleet-<workload>`); a longer one is cut, for log lines.
+const MAX_NAME_BYTES: usize = 128;
+
+/// A container id as Podman prints it: 1 to 64 hex digits. Ids are passed
+/// to `start` and `rm`, so anything else (an option, a name of another
+/// container) is refused.
+fn is_container_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Keeps the entries of `ps --format json` that carry our managed-by label
-/// and `device`'s label; everything else is not ours to touch.
+/// and `device`'s label; everything else is not ours to touch. An entry of
+/// ours whose id is not a container id makes the whole output suspect: an
+/// error, so that nothing is changed on its word.
 pub fn parse_ps(json: &[u8], device: &DeviceId) -> Result<Vec<LiveContainer>, String> {
     let entries: Vec<PsEntry> = serde_json::from_slice(json).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
@@ -193,13 +225,24 @@ pub fn parse_ps(json: &[u8], device: &DeviceId) -> Result<Vec<LiveContainer>, St
         {
             continue;
         }
+        if !is_container_id(&e.id) {
+            return Err(format!(
+                "a container labelled for this device has the id {:?}, not a container id",
+                bounded_text(e.id.as_bytes(), 80)
+            ));
+        }
         let state = match e.state.as_str() {
             "running" => LiveState::Running,
             "paused" => LiveState::Paused,
             other => LiveState::Down(other.to_owned()),
         };
         out.push(LiveContainer {
-            name: e.names.into_iter().next().unwrap_or_default(),
+            name: e
+                .names
+                .into_iter()
+                .next()
+                .map(|n| bounded_text(n.as_bytes(), MAX_NAME_BYTES))
+                .unwrap_or_default(),
             id: e.id,
             state,
             image: e.image,
@@ -277,20 +320,36 @@ impl Podman {
         c
     }
 
-    /// Runs `podman <args>`; `what` names the call in errors.
-    fn call(&self, what: &str, args: &[&str], timeout: Duration) -> Result<Vec<u8>, PodmanError> {
+    /// Runs `podman <args>` with output bounded ([`MAX_STDOUT_BYTES`],
+    /// [`MAX_STDERR_BYTES`]); `what` names the call in errors.
+    fn invoke(&self, what: &str, args: &[&str], timeout: Duration) -> Result<Output, PodmanError> {
         let mut c = self.command();
         c.args(args);
-        let out =
-            run_bounded(&mut c, timeout, MAX_OUTPUT_BYTES).map_err(|source| PodmanError::Run {
+        run_bounded_split(&mut c, timeout, MAX_STDOUT_BYTES, MAX_STDERR_BYTES).map_err(|source| {
+            PodmanError::Run {
                 what: what.to_owned(),
                 source,
-            })?;
+            }
+        })
+    }
+
+    /// Runs `podman <args>`, which must succeed; returns its whole stdout.
+    fn call(&self, what: &str, args: &[&str], timeout: Duration) -> Result<Vec<u8>, PodmanError> {
+        let out = self.invoke(what, args, timeout)?;
         if !out.success() {
             return Err(PodmanError::Failed {
                 what: what.to_owned(),
                 status: describe_status(out.status),
                 stderr: out.diagnostic(),
+            });
+        }
+        if out.stdout_cut > 0 {
+            return Err(PodmanError::Parse {
+                what: what.to_owned(),
+                detail: format!(
+                    "{} bytes, more than the {MAX_STDOUT_BYTES} read; not used",
+                    out.stdout.len() as u64 + out.stdout_cut
+                ),
             });
         }
         Ok(out.stdout)
@@ -315,34 +374,35 @@ impl Podman {
         )?;
         let v: V = serde_json::from_slice(&out).map_err(|e| PodmanError::Parse {
             what: "version".into(),
-            detail: e.to_string(),
+            detail: bounded_text(e.to_string().as_bytes(), MAX_DIAGNOSTIC_BYTES),
         })?;
         Ok(v.client.version)
     }
 
     /// Every container of this device managed by the agent.
     pub fn list_managed(&self, device: &DeviceId) -> Result<Vec<LiveContainer>, PodmanError> {
-        let filter = format!("label={LABEL_MANAGED_BY}={MANAGED_BY}");
+        // Both labels (podman ANDs label filters); parse_ps checks again.
+        let managed = format!("label={LABEL_MANAGED_BY}={MANAGED_BY}");
+        let mine = format!("label={LABEL_DEVICE}={device}");
         let out = self.call(
             "ps",
-            &["ps", "--all", "--filter", &filter, "--format", "json"],
+            &[
+                "ps", "--all", "--filter", &managed, "--filter", &mine, "--format", "json",
+            ],
             self.settings.command_timeout,
         )?;
         parse_ps(&out, device).map_err(|detail| PodmanError::Parse {
             what: "ps".into(),
-            detail,
+            detail: bounded_text(detail.as_bytes(), MAX_DIAGNOSTIC_BYTES),
         })
     }
 
     /// Whether `image` is in local storage.
     pub fn image_exists(&self, image: &ImageRef) -> Result<bool, PodmanError> {
-        let mut c = self.command();
-        c.args(["image", "exists", image.as_str()]);
-        let out = run_bounded(&mut c, self.settings.command_timeout, MAX_OUTPUT_BYTES).map_err(
-            |source| PodmanError::Run {
-                what: "image exists".into(),
-                source,
-            },
+        let out = self.invoke(
+            "image exists",
+            &["image", "exists", image.as_str()],
+            self.settings.command_timeout,
         )?;
         match out.status.code() {
             Some(0) => Ok(true),
@@ -466,6 +526,23 @@ mod tests {
             "an invalid workload label is no workload"
         );
         assert!(parse_ps(b"[]", &dev()).expect("empty").is_empty());
+        // Ours with an id that is an option, or a long escaped name.
+        let lying = br#"[{"Id":"--all","Names":["fleet-web"],"State":"exited",
+           "Labels":{"io.harmony.fleet.managed-by":"fleet-agent","io.harmony.fleet.device":"dev1"}}]"#;
+        assert_eq!(
+            parse_ps(lying, &dev()).expect_err("refused"),
+            r#"a container labelled for this device has the id "--all", not a container id"#
+        );
+        let long = format!(
+            r#"[{{"Id":"abc123","Names":["fleet-\u001b{}"],"State":"running",
+               "Labels":{{"io.harmony.fleet.managed-by":"fleet-agent","io.harmony.fleet.device":"dev1"}}}}]"#,
+            "x".repeat(1000)
+        );
+        let live = parse_ps(long.as_bytes(), &dev()).expect("parsed");
+        assert_eq!(
+            live[0].name,
+            format!("fleet-\\u{{1b}}{}… [884 more bytes cut]", "x".repeat(116))
+        );
         assert!(parse_ps(b"{", &dev()).is_err());
     }
 

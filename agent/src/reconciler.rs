@@ -37,6 +37,15 @@
 //! counted ([`waiting_changes`]) for the report, and applied after the
 //! unfreeze. The workload report then describes what runs: the applied
 //! specs, plus desired workloads that wait.
+//!
+//! Podman not answering (`podman ps` fails, or has not answered after
+//! [`silent_after`] the resync interval) does not stop the report: it says
+//! Podman is unreachable, since when and why; workloads seen before are
+//! `unknown` (not `running` from memory), and a desired spec not applied
+//! waits, saying for what. The `ps` runs on a helper thread
+//! (`agent-podman-ps`) so that a hang is reported while it lasts, and
+//! desired changes received meanwhile are reported at once. The first
+//! `ps` that answers ends it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -46,11 +55,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fleet_common::contracts::{
-    AppliedSpecs, ImageRef, PullPolicy, WorkloadSpec, WorkloadState, WorkloadStatus,
-    WorkloadsReport,
+    AppliedSpecs, ImageRef, PodmanUnreachable, PullPolicy, WorkloadSpec, WorkloadState,
+    WorkloadStatus, WorkloadsReport,
 };
 use fleet_common::durable;
 use fleet_common::limits::MAX_STATE_FILE_BYTES;
+use fleet_common::process::{bounded_text, MAX_LOG_TEXT_BYTES};
 use fleet_common::validate::{BoundedText, DeviceId, Sha256Hex, WorkloadName};
 use fleet_common::{Layout, Timestamp};
 
@@ -74,6 +84,18 @@ pub const CRASH_LOOP_WINDOW: Duration = Duration::from_secs(60);
 pub const FULL_RESYNC_EVERY: u32 = 10;
 /// How long stopping waits for the thread after the gate is idle.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// While waiting for `podman ps`, how often desired changes and a stop are
+/// looked at.
+const PS_POLL: Duration = Duration::from_millis(200);
+
+/// How long a `podman ps` may run before the report says Podman does not
+/// answer (the call goes on, bounded by the command timeout): the resync
+/// interval, at least 5 s (a `ps` takes ~100 ms idle, seconds on a loaded
+/// device) and at most 15 s (an operator sees a hang within a resync
+/// interval of the default 30 s).
+pub fn silent_after(resync: Duration) -> Duration {
+    resync.clamp(Duration::from_secs(5), Duration::from_secs(15))
+}
 
 /// The back-off after `failures` consecutive failures (1 → 5 s).
 pub fn backoff_delay(failures: u32) -> Duration {
@@ -425,8 +447,23 @@ pub struct Reconciler {
     settled: Option<Settled>,
     /// A desired-state change arrived since the last pass planned.
     changed: bool,
+    /// Desired-state changes applied, ever (to tell a new one arrived).
+    changes: u64,
     report: ReportSink,
-    last_reported: Option<BTreeMap<WorkloadName, WorkloadStatus>>,
+    last_reported: Option<(
+        BTreeMap<WorkloadName, WorkloadStatus>,
+        Option<PodmanUnreachable>,
+    )>,
+    /// Set from the first `podman ps` that failed or was silent too long
+    /// until one answers.
+    podman_down: Option<PodmanDown>,
+}
+
+/// Podman not answering: since when, and the last error.
+#[derive(Debug, Clone)]
+struct PodmanDown {
+    since: Timestamp,
+    error: String,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -508,8 +545,10 @@ impl Reconciler {
             resync,
             settled: None,
             changed: false,
+            changes: 0,
             report,
             last_reported: None,
+            podman_down: None,
         }
     }
 
@@ -572,6 +611,7 @@ impl Reconciler {
 
     fn apply(&mut self, change: DesiredChange) {
         self.changed = true;
+        self.changes += 1;
         match change {
             DesiredChange::Snapshot(map) => {
                 log::info!(device = self.device.as_str(); "desired state: {} workloads", map.len());
@@ -631,12 +671,20 @@ impl Reconciler {
             // re-read after every mutation.
             let live = match kept.take() {
                 Some(l) => l,
-                None => match self.podman.list_managed(&self.device) {
-                    Ok(l) => l,
-                    Err(e) => {
+                None => match self.list_live(rx, shutdown) {
+                    Some(Ok(l)) => {
+                        if let Some(down) = self.podman_down.take() {
+                            log::info!(device = self.device.as_str(); "Podman answers again (unreachable for {} s)", Timestamp::now().since(down.since).as_secs());
+                        }
+                        l
+                    }
+                    Some(Err((since, e))) => {
                         log::error!(device = self.device.as_str(); "reading live containers: {e}");
+                        self.podman_unreachable(since, &e);
+                        self.observe_unreachable();
                         return;
                     }
+                    None => return,
                 },
             };
             let now = Instant::now();
@@ -703,6 +751,178 @@ impl Reconciler {
             let took = permit.elapsed();
             drop(permit);
             self.record(&action, result, took);
+        }
+    }
+
+    /// `podman ps` on `agent-podman-ps`, waited for while applying desired
+    /// changes; once it has run [`silent_after`] the resync interval, the
+    /// report says Podman does not answer (and again for each change
+    /// received). `None` when stopping; the error comes with when the call
+    /// began.
+    #[allow(clippy::type_complexity)]
+    fn list_live(
+        &mut self,
+        rx: &Receiver<ReconcilerMsg>,
+        shutdown: &Shutdown,
+    ) -> Option<Result<Vec<LiveContainer>, (Timestamp, PodmanError)>> {
+        let began = Timestamp::now();
+        let started = Instant::now();
+        let (tx, answer) = mpsc::sync_channel(1);
+        let podman = self.podman.clone();
+        let device = self.device.clone();
+        if let Err(e) = threads::spawn("agent-podman-ps", move || {
+            let _ = tx.send(podman.list_managed(&device));
+        }) {
+            log::warn!(device = self.device.as_str(); "starting a thread for podman ps: {e}; running it here");
+            return Some(
+                self.podman
+                    .list_managed(&self.device)
+                    .map_err(|e| (began, e)),
+            );
+        }
+        let silent = silent_after(self.resync);
+        let mut said_silent = false;
+        let mut changes = self.changes;
+        loop {
+            match answer.recv_timeout(PS_POLL) {
+                Ok(r) => return Some(r.map_err(|e| (began, e))),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Some(Err((
+                        began,
+                        PodmanError::Silent {
+                            what: "ps".into(),
+                            after: started.elapsed(),
+                        },
+                    )))
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if !self.drain(rx) || shutdown.is_requested() {
+                return None;
+            }
+            let news = self.changes != changes;
+            changes = self.changes;
+            if started.elapsed() >= silent && (!said_silent || news) {
+                if !said_silent {
+                    let e = PodmanError::Silent {
+                        what: "ps".into(),
+                        after: silent,
+                    };
+                    log::error!(device = self.device.as_str(); "{e}; reporting workloads as unknown until it does");
+                    self.podman_unreachable(began, &e);
+                }
+                said_silent = true;
+                self.observe_unreachable();
+            }
+        }
+    }
+
+    /// Notes that Podman does not answer (since `since`, unless it did
+    /// not before either).
+    fn podman_unreachable(&mut self, since: Timestamp, e: &PodmanError) {
+        let error = e.to_string();
+        match &mut self.podman_down {
+            Some(down) => down.error = error,
+            None => self.podman_down = Some(PodmanDown { since, error }),
+        }
+    }
+
+    /// The report while Podman does not answer: workloads seen before are
+    /// `unknown`, desired specs not applied wait (`pending`, with why),
+    /// invalid ones stay `invalid`. During a freeze, what runs as
+    /// [`frozen_view`] says and the waiting count is kept.
+    fn observe_unreachable(&mut self) {
+        let Some(desired) = self.desired.take() else {
+            return;
+        };
+        let view = if self.gate.admission() == Admission::Frozen {
+            self.freeze
+                .set_waiting_changes(waiting_changes(&desired, &self.applied));
+            frozen_view(&desired, &self.applied)
+        } else {
+            desired.clone()
+        };
+        self.desired = Some(desired);
+        let why = self
+            .podman_down
+            .as_ref()
+            .map(|d| format!("Podman unreachable: {}", d.error))
+            .unwrap_or_default();
+        self.tracked.retain(|w, _| view.contains_key(w));
+        let mut report = BTreeMap::new();
+        for (w, entry) in &view {
+            let hash = match entry {
+                DesiredEntry::Valid(spec) => spec.spec_hash(),
+                DesiredEntry::Invalid { value_hash, .. } => value_hash.clone(),
+            };
+            let t = self
+                .tracked
+                .entry(w.clone())
+                .or_insert_with(|| Tracked::new(hash.clone()));
+            if t.hash != hash {
+                *t = Tracked::new(hash.clone());
+            }
+            let (state, image, last_error, waiting) = match entry {
+                DesiredEntry::Valid(spec) => {
+                    let applied =
+                        self.applied.get(w).map(WorkloadSpec::spec_hash) == Some(hash.clone());
+                    let state = if applied || t.state != WorkloadState::Pending {
+                        WorkloadState::Unknown
+                    } else {
+                        WorkloadState::Pending
+                    };
+                    (
+                        state,
+                        Some(spec.image.clone()),
+                        t.last_error.clone(),
+                        (!applied).then(|| why.clone()),
+                    )
+                }
+                DesiredEntry::Invalid { error, image, .. } => (
+                    WorkloadState::Invalid,
+                    image.clone(),
+                    Some(error.clone()),
+                    None,
+                ),
+            };
+            if t.state != state {
+                t.state = state;
+                t.since = Timestamp::now();
+            }
+            let Some(image) = image else {
+                continue;
+            };
+            report.insert(
+                w.clone(),
+                WorkloadStatus {
+                    state,
+                    image,
+                    spec_hash: hash,
+                    container_id: None,
+                    restarts: t.restarts,
+                    last_error: last_error.map(BoundedText::truncate),
+                    since: t.since,
+                    waiting: waiting.map(BoundedText::truncate),
+                },
+            );
+        }
+        self.send_report(report);
+    }
+
+    /// Sends the workload report when it differs from the last one sent.
+    fn send_report(&mut self, workloads: BTreeMap<WorkloadName, WorkloadStatus>) {
+        let podman_unreachable = self.podman_down.as_ref().map(|d| PodmanUnreachable {
+            since: d.since,
+            error: BoundedText::truncate(&d.error),
+        });
+        let now = (workloads, podman_unreachable);
+        if self.last_reported.as_ref() != Some(&now) {
+            self.last_reported = Some(now.clone());
+            (self.report)(WorkloadsReport {
+                workloads: now.0,
+                observed_at: Timestamp::now(),
+                podman_unreachable: now.1,
+            });
         }
     }
 
@@ -783,9 +1003,17 @@ impl Reconciler {
         if !may_pull_now {
             match p.run(&self.device, workload, spec) {
                 Ok(_) => return Ok(()),
-                Err(e) if p.image_exists(&spec.image)? => return Err(e),
-                // Not local: pulled, or refused, as the policy says.
-                Err(_) => {}
+                Err(e) => match p.image_exists(&spec.image) {
+                    Ok(true) => return Err(e),
+                    // Not local: pulled, or refused, as the policy says.
+                    Ok(false) => {}
+                    // The run's error is the cause; the probe's only says
+                    // Podman is unwell.
+                    Err(probe) => {
+                        log::warn!(device = self.device.as_str(), workload = workload.as_str(); "after a failed run, looking for the image: {probe}");
+                        return Err(e);
+                    }
+                },
             }
         }
         self.ensure_image(permit, spec, images)?;
@@ -982,7 +1210,11 @@ impl Reconciler {
                 t.since = Timestamp::now();
             }
             let Some(image) = image else {
-                log::error!(device = self.device.as_str(), workload = w.as_str(); "not reporting the workload: its value names no valid image ({})", last_error.unwrap_or_default());
+                let why = bounded_text(
+                    last_error.unwrap_or_default().as_bytes(),
+                    MAX_LOG_TEXT_BYTES,
+                );
+                log::error!(device = self.device.as_str(), workload = w.as_str(); "not reporting the workload: its value names no valid image ({why})");
                 continue;
             };
             report.insert(
@@ -995,16 +1227,11 @@ impl Reconciler {
                     restarts: t.restarts,
                     last_error: last_error.map(BoundedText::truncate),
                     since: t.since,
+                    waiting: None,
                 },
             );
         }
-        if self.last_reported.as_ref() != Some(&report) {
-            self.last_reported = Some(report.clone());
-            (self.report)(WorkloadsReport {
-                workloads: report,
-                observed_at: Timestamp::now(),
-            });
-        }
+        self.send_report(report);
     }
 }
 
@@ -1247,6 +1474,16 @@ mod tests {
             vec!["api", "bad", "db", "web"]
         );
         assert_eq!(view.get(&w("web")), Some(&DesiredEntry::Valid(web1)));
+    }
+
+    #[test]
+    fn podman_is_silent_after_the_resync_interval_within_5_to_15_s() {
+        assert_eq!(silent_after(Duration::from_secs(2)), Duration::from_secs(5));
+        assert_eq!(silent_after(Duration::from_secs(8)), Duration::from_secs(8));
+        assert_eq!(
+            silent_after(Duration::from_secs(30)),
+            Duration::from_secs(15)
+        );
     }
 
     #[test]

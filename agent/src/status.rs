@@ -3,7 +3,11 @@
 //!
 //! - `<device>.info`: once at start (by [`publish_info`], before READY),
 //!   then on change: the Podman version is re-read every
-//!   [`INFO_REFRESH`] and the info republished when it differs.
+//!   [`INFO_REFRESH_BEATS`] heartbeat intervals and the info republished
+//!   when it differs. The read runs on its own thread (`agent-podman-info`,
+//!   bounded by the Podman command timeout), never on this one: nothing
+//!   here waits for Podman, so heartbeats keep their schedule whatever
+//!   Podman does.
 //! - `<device>.heartbeat`: at start, then every heartbeat interval with a
 //!   random jitter so a fleet does not beat in step. The last one of a run
 //!   carries `stopping` with the drain duration.
@@ -12,14 +16,18 @@
 //!
 //! Info and heartbeat carry the config state of [`FreezeControl`]; when it
 //! changes (a freeze, an unfreeze, the waiting counts) both are published
-//! at once ([`StatusMsg::ConfigState`]).
+//! at once ([`StatusMsg::ConfigState`]). The heartbeat also says whether
+//! Podman answers, as the last workloads report does; a change of that is
+//! beaten at once.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fleet_common::contracts::{DeviceInfo, Heartbeat, Stopping, WorkloadsReport};
+use fleet_common::contracts::{
+    DeviceInfo, Heartbeat, PodmanUnreachable, Stopping, WorkloadsReport,
+};
 use fleet_common::limits::{HEARTBEAT_JITTER, NATS_REQUEST_TIMEOUT};
 use fleet_common::subjects::{status_key, StatusKey, BUCKET_STATUS};
 use fleet_common::validate::{BoundedText, Version};
@@ -30,8 +38,13 @@ use crate::nats::{kv, Nats, PublishError};
 use crate::podman::Podman;
 use crate::threads;
 
-/// How often the Podman version is re-read for `<device>.info`.
-pub const INFO_REFRESH: Duration = Duration::from_secs(10 * 60);
+/// How often the Podman version is re-read for `<device>.info`, in
+/// heartbeat intervals (10 minutes at the default 30 s; tests with short
+/// intervals see it in seconds).
+pub const INFO_REFRESH_BEATS: u32 = 20;
+/// How long stopping waits for `agent-podman-info`: it may be in a Podman
+/// call, which the daemon's exit kills ([`fleet_common::process::kill_live_groups`]).
+const INFO_JOIN_TIMEOUT: Duration = Duration::from_millis(500);
 /// Delay before retrying a failed write.
 const RETRY_DELAY: Duration = Duration::from_secs(5);
 /// How long stopping waits for the thread after its last write.
@@ -79,6 +92,8 @@ fn next_heartbeat_in(interval: Duration, jitter: &mut Jitter) -> Duration {
 #[derive(Debug)]
 pub enum StatusMsg {
     Workloads(WorkloadsReport),
+    /// `agent-podman-info` re-read the Podman version.
+    PodmanVersion(Result<String, String>),
     /// The config state changed: publish info and a heartbeat now.
     ConfigState,
     /// Publish the last heartbeat, with `stopping`, and exit; the result
@@ -107,6 +122,8 @@ pub struct StatusPublisher {
 pub struct StatusHandle {
     tx: Sender<StatusMsg>,
     thread: JoinHandle<()>,
+    /// `agent-podman-info`; dropping the sender stops it.
+    info: Option<(Sender<()>, JoinHandle<()>)>,
 }
 
 impl StatusHandle {
@@ -125,24 +142,66 @@ impl StatusHandle {
             .recv_timeout(timeout)
             .unwrap_or_else(|_| Err(format!("no acknowledgement within {} s", timeout.as_secs())));
         threads::join_within(self.thread, JOIN_TIMEOUT, "agent-status");
+        if let Some((stop, thread)) = self.info {
+            drop(stop);
+            threads::join_within(thread, INFO_JOIN_TIMEOUT, "agent-podman-info");
+        }
         r
     }
 }
 
+/// `agent-podman-info`: every `every`, reads the Podman version and sends
+/// it to the status thread; ends when `stop` is dropped or the status
+/// thread is gone.
+fn refresh_podman_version(
+    podman: &Podman,
+    every: Duration,
+    stop: &Receiver<()>,
+    to_status: &Sender<StatusMsg>,
+) {
+    loop {
+        match stop.recv_timeout(every) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let v = podman.version().map_err(|e| e.to_string());
+        if to_status.send(StatusMsg::PodmanVersion(v)).is_err() {
+            return;
+        }
+    }
+}
+
 impl StatusPublisher {
-    pub fn spawn(self) -> std::io::Result<StatusHandle> {
+    pub fn spawn(mut self) -> std::io::Result<StatusHandle> {
         let (tx, rx) = mpsc::channel();
+        let info = match self.podman.take() {
+            Some(podman) => {
+                let (stop_tx, stop_rx) = mpsc::channel();
+                let to_status = tx.clone();
+                let every = self.heartbeat * INFO_REFRESH_BEATS;
+                let thread = threads::spawn("agent-podman-info", move || {
+                    refresh_podman_version(&podman, every, &stop_rx, &to_status)
+                })?;
+                Some((stop_tx, thread))
+            }
+            None => None,
+        };
         let thread = threads::spawn("agent-status", move || self.run(&rx))?;
-        Ok(StatusHandle { tx, thread })
+        Ok(StatusHandle { tx, thread, info })
     }
 
-    fn heartbeat(&self, stopping: Option<Stopping>) -> Heartbeat {
+    fn heartbeat(
+        &self,
+        stopping: Option<Stopping>,
+        podman_unreachable: Option<PodmanUnreachable>,
+    ) -> Heartbeat {
         Heartbeat {
             at: Timestamp::now(),
             uptime_secs: self.started.elapsed().as_secs(),
             agent_version: self.agent_version.clone(),
             config_state: self.freeze.report(),
             stopping,
+            podman_unreachable,
         }
     }
 
@@ -161,21 +220,39 @@ impl StatusPublisher {
         let device = self.nats.device().as_str().to_owned();
         let mut jitter = Jitter::new();
         let mut next_beat = Instant::now();
-        let mut next_info = Instant::now() + INFO_REFRESH;
         let mut workloads: Option<WorkloadsReport> = None;
+        // As the last workloads report said.
+        let mut podman_unreachable: Option<PodmanUnreachable> = None;
         let mut info_pending = false;
         let mut retry_at: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            let wake = [Some(next_beat), Some(next_info), retry_at]
+            let wake = [Some(next_beat), retry_at]
                 .into_iter()
                 .flatten()
                 .min()
                 .unwrap_or(next_beat);
             match rx.recv_timeout(wake.saturating_duration_since(now)) {
                 Ok(StatusMsg::Workloads(r)) => {
+                    if r.podman_unreachable.is_some() != podman_unreachable.is_some() {
+                        next_beat = Instant::now();
+                    }
+                    podman_unreachable = r.podman_unreachable.clone();
                     workloads = Some(r);
                     retry_at = Some(Instant::now());
+                }
+                Ok(StatusMsg::PodmanVersion(Ok(v))) => {
+                    let v = Some(BoundedText::truncate(v));
+                    if v != self.info.podman_version {
+                        log::info!(device = device.as_str(); "Podman version is now {:?}", v);
+                        self.info.podman_version = v;
+                        self.info.updated_at = Timestamp::now();
+                        info_pending = true;
+                        retry_at = Some(Instant::now());
+                    }
+                }
+                Ok(StatusMsg::PodmanVersion(Err(e))) => {
+                    log::warn!(device = device.as_str(); "re-reading the Podman version: {e}")
                 }
                 Ok(StatusMsg::ConfigState) => {
                     let report = self.freeze.report();
@@ -189,10 +266,13 @@ impl StatusPublisher {
                 }
                 Ok(StatusMsg::Stopping { drain, done }) => {
                     let at = Timestamp::now();
-                    let hb = self.heartbeat(Some(Stopping {
-                        at,
-                        drain_duration_ms: u64::try_from(drain.as_millis()).unwrap_or(u64::MAX),
-                    }));
+                    let hb = self.heartbeat(
+                        Some(Stopping {
+                            at,
+                            drain_duration_ms: u64::try_from(drain.as_millis()).unwrap_or(u64::MAX),
+                        }),
+                        podman_unreachable.clone(),
+                    );
                     let r = self
                         .put(StatusKey::Heartbeat, &hb)
                         .map_err(|e| e.to_string());
@@ -213,30 +293,11 @@ impl StatusPublisher {
                     info_pending = true;
                     retry_at = Some(now);
                 }
-                if let Err(e) = self.put(StatusKey::Heartbeat, &self.heartbeat(None)) {
+                let hb = self.heartbeat(None, podman_unreachable.clone());
+                if let Err(e) = self.put(StatusKey::Heartbeat, &hb) {
                     log::warn!(device = device.as_str(); "heartbeat not published: {e}");
                 }
                 next_beat = Instant::now() + next_heartbeat_in(self.heartbeat, &mut jitter);
-            }
-            if now >= next_info {
-                next_info = now + INFO_REFRESH;
-                if let Some(p) = &self.podman {
-                    match p.version() {
-                        Ok(v) => {
-                            let v = Some(BoundedText::truncate(v));
-                            if v != self.info.podman_version {
-                                log::info!(device = device.as_str(); "Podman version is now {:?}", v);
-                                self.info.podman_version = v;
-                                self.info.updated_at = Timestamp::now();
-                                info_pending = true;
-                                retry_at = Some(now);
-                            }
-                        }
-                        Err(e) => {
-                            log::warn!(device = device.as_str(); "re-reading the Podman version: {e}")
-                        }
-                    }
-                }
             }
             if retry_at.is_some_and(|t| now >= t) {
                 retry_at = None;

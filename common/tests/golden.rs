@@ -419,6 +419,7 @@ fn workloads_report_golden() {
                     restarts: 1,
                     last_error: None,
                     since: t(10_000),
+                    waiting: None,
                 },
             ),
             (
@@ -433,13 +434,61 @@ fn workloads_report_golden() {
                         "pulling registry.example.com/camera:3: connection refused",
                     )),
                     since: t(20_000),
+                    waiting: None,
                 },
             ),
         ]),
         observed_at: t(30_000),
+        podman_unreachable: None,
     };
     assert_eq!(report.ready(), (1, 2));
     check("workloads-report", &report);
+}
+
+/// Issue 21: while Podman does not answer, the report says since when and
+/// why; what was running is `unknown`, a new workload waits, saying why.
+#[test]
+fn workloads_report_with_podman_unreachable_golden() {
+    let error = "podman ps has not answered within 2 s";
+    let report = WorkloadsReport {
+        workloads: BTreeMap::from([
+            (
+                WorkloadName::parse("telemetry").expect("name"),
+                WorkloadStatus {
+                    state: WorkloadState::Unknown,
+                    image: spec().image,
+                    spec_hash: spec().spec_hash(),
+                    container_id: None,
+                    restarts: 1,
+                    last_error: None,
+                    since: t(40_000),
+                    waiting: None,
+                },
+            ),
+            (
+                WorkloadName::parse("camera").expect("name"),
+                WorkloadStatus {
+                    state: WorkloadState::Pending,
+                    image: ImageRef::parse("registry.example.com/camera:3").expect("image"),
+                    spec_hash: Sha256Hex::of(b"camera"),
+                    container_id: None,
+                    restarts: 0,
+                    last_error: None,
+                    since: t(41_000),
+                    waiting: Some(BoundedText::truncate(format!(
+                        "Podman unreachable: {error}"
+                    ))),
+                },
+            ),
+        ]),
+        observed_at: t(42_000),
+        podman_unreachable: Some(PodmanUnreachable {
+            since: t(40_000),
+            error: BoundedText::truncate(error),
+        }),
+    };
+    assert_eq!(report.ready(), (0, 2));
+    check("workloads-report-podman-unreachable", &report);
 }
 
 #[test]
@@ -491,8 +540,24 @@ fn device_info_heartbeat_and_freeze_golden() {
         agent_version: Version::parse("1.4.0").expect("version"),
         config_state: frozen_report(),
         stopping: None,
+        podman_unreachable: None,
     };
     check("heartbeat", &hb);
+    let unhealthy = Heartbeat {
+        config_state: ConfigStateReport {
+            state: ConfigState::Configured,
+            waiting_changes: 0,
+            intent_waiting: false,
+        },
+        podman_unreachable: Some(PodmanUnreachable {
+            since: t(20_000),
+            error: BoundedText::truncate(
+                "podman ps: podman did not finish within 60 s and was killed",
+            ),
+        }),
+        ..hb.clone()
+    };
+    check("heartbeat-podman-unreachable", &unhealthy);
     let last = Heartbeat {
         at: t(31_000),
         uptime_secs: 31,
@@ -506,6 +571,7 @@ fn device_info_heartbeat_and_freeze_golden() {
             at: t(31_000),
             drain_duration_ms: 2_150,
         }),
+        podman_unreachable: None,
     };
     check("heartbeat-stopping", &last);
     let file = FreezeFile {

@@ -219,6 +219,7 @@ pub fn state_name(s: WorkloadState) -> &'static str {
         WorkloadState::Exited => "exited",
         WorkloadState::BackOff => "back-off",
         WorkloadState::Invalid => "invalid",
+        WorkloadState::Unknown => "unknown",
     }
 }
 

@@ -484,6 +484,7 @@ fn status_shows_the_fleet_and_watch_follows_it() {
                 intent_waiting: false,
             },
             stopping: None,
+            podman_unreachable: None,
         },
     );
     f.info("dev3", "1.0", Arch::X86_64, false);
@@ -525,6 +526,7 @@ fn status_shows_the_fleet_and_watch_follows_it() {
                 intent_waiting: false,
             },
             stopping: None,
+            podman_unreachable: None,
         },
     );
     let hb = with_beats.wait_for_line(" dev3 heartbeat: ", Duration::from_secs(20));

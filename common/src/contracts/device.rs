@@ -97,6 +97,20 @@ pub struct Heartbeat {
     /// drained and is exiting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopping: Option<Stopping>,
+    /// Set while Podman does not answer the agent (as in `<device>.workloads`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub podman_unreachable: Option<PodmanUnreachable>,
+}
+
+/// Podman not answering the agent: its last call failed or timed out (or
+/// is still running past the point where it should have answered). Set
+/// from the first such call until one succeeds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PodmanUnreachable {
+    pub since: Timestamp,
+    /// The last call's error.
+    pub error: BoundedText,
 }
 
 /// How an agent run ended: when it stopped and how long draining the

@@ -16,7 +16,8 @@ mod workload;
 pub use attempt::AgentUpgradeAttempt;
 pub use bounded::{Bounded, Transitions};
 pub use device::{
-    ConfigState, ConfigStateReport, DeviceInfo, Freeze, FreezeFile, Heartbeat, Stopping,
+    ConfigState, ConfigStateReport, DeviceInfo, Freeze, FreezeFile, Heartbeat, PodmanUnreachable,
+    Stopping,
 };
 pub use journal::{
     FinishedAttempt, Journal, JournalError, JournalPhase, JournalTransition, Transaction,

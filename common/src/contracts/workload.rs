@@ -7,6 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::contracts::PodmanUnreachable;
 use crate::time::Timestamp;
 use crate::validate::{BoundedText, Sha256Hex, WorkloadName};
 
@@ -305,6 +306,9 @@ pub enum WorkloadState {
     BackOff,
     /// The spec in NATS is invalid; the last applied one keeps running if any.
     Invalid,
+    /// Not known now: Podman does not answer (the report says since when
+    /// and why). The container may well run; nobody can tell.
+    Unknown,
 }
 
 /// What a device reports for one workload.
@@ -321,6 +325,10 @@ pub struct WorkloadStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<BoundedText>,
     pub since: Timestamp,
+    /// Why the desired spec is not being applied now (Podman unreachable):
+    /// the change waits for that, not for a back-off or a pull.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<BoundedText>,
 }
 
 /// The value of `fleet-status` `<device>.workloads`.
@@ -329,6 +337,10 @@ pub struct WorkloadStatus {
 pub struct WorkloadsReport {
     pub workloads: BTreeMap<WorkloadName, WorkloadStatus>,
     pub observed_at: Timestamp,
+    /// Set while Podman does not answer; the workloads then say what is
+    /// known (`unknown`, or `pending` with what they wait for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub podman_unreachable: Option<PodmanUnreachable>,
 }
 
 impl WorkloadsReport {
