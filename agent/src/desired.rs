@@ -72,7 +72,8 @@ fn decode_key(key: &str) -> Option<WorkloadName> {
     match WorkloadName::parse(key) {
         Ok(w) => Some(w),
         Err(e) => {
-            log::error!(bucket = BUCKET_WORKLOADS; "ignoring workload {key:?} of this device's document: {e}");
+            let key = fleet_common::process::bounded_text(key.as_bytes(), 256);
+            log::error!(bucket = BUCKET_WORKLOADS; "ignoring workload \"{key}\" of this device's document: not a workload name ({})", fleet_common::process::bounded_text(e.to_string().as_bytes(), 512));
             None
         }
     }

@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fleet_common::jetstream::{KeyTracker, KeyVersion, Verdict};
+use fleet_common::process::{bounded_text, MAX_LOG_TEXT_BYTES};
 use fleet_common::subjects::{kv_subject, republish_subject};
 
 use super::connection::Nats;
@@ -344,9 +345,10 @@ impl Watcher {
         if newer {
             let keys = (self.expand)(value).map_err(|e| {
                 format!(
-                    "{} {} at sequence {seq} is refused: {e}",
+                    "{} {} at sequence {seq} is refused: {}",
                     self.bucket,
-                    self.full_key()
+                    self.full_key(),
+                    bounded_text(e.as_bytes(), MAX_LOG_TEXT_BYTES)
                 )
             })?;
             if origin == Origin::Change {
@@ -471,6 +473,7 @@ impl Watcher {
                 ok
             }
             Err(e) => {
+                let e = bounded_text(e.as_bytes(), MAX_LOG_TEXT_BYTES);
                 log::error!(bucket = bucket, key = self.key; "{expected} at sequence {} is refused: {e}; keeping the last good value until a valid one is written", version.seq);
                 true
             }
