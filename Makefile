@@ -57,16 +57,15 @@ UPGRADE_TEST_VERSION := 0.2.0-upgrade-test
 TEST_AGENTS := $(TARGET_DIR)/test-agents
 TEST_AGENT_SOURCES := $(shell find agent/src common/src updater/src -name '*.rs') \
 	agent/Cargo.toml common/Cargo.toml updater/Cargo.toml Cargo.lock
-test-agents: $(TEST_AGENTS)/fleet-agent-$(UPGRADE_TEST_VERSION) $(TEST_AGENTS)/fleet-updater \
-	$(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_VERSION)
-
 # The agent devices in the field run: 0.1.0, the last release of the
 # generation-1 protocol (a consumer per device), built from the commit that
 # shipped it, for the mixed-fleet tests (an upgrade from it, served by
-# today's server config). Its own source tree, the shared target dir (the
-# dependencies are reused); the current agent is rebuilt after it.
+# today's server config), in a source tree and target dir of its own.
 RELEASED_AGENT_VERSION := 0.1.0
 RELEASED_AGENT_COMMIT := 6e73add4baa2f2fa1ce491cc2701e5d9187c6c95
+test-agents: $(TEST_AGENTS)/fleet-agent-$(UPGRADE_TEST_VERSION) $(TEST_AGENTS)/fleet-updater \
+	$(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_VERSION)
+
 $(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_VERSION):
 	mkdir -p $(TEST_AGENTS) $(TARGET_DIR)/released
 	rm -rf $(TARGET_DIR)/released/src && mkdir -p $(TARGET_DIR)/released/src
