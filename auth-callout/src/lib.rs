@@ -19,6 +19,7 @@ mod jwt;
 mod natsjwt;
 mod nkeys;
 mod service;
+mod strict_json;
 
 pub use callout::{Callout, Decision, Outcome, Refusal};
 pub use config::{Config, ConfigError, DEFAULT_CONFIG_PATH};
