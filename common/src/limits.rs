@@ -58,8 +58,16 @@ pub const MAX_TRANSITIONS: usize = 16;
 pub const MAX_TEXT_CHARS: usize = 1024;
 /// Errors retained in the updater journal for one attempt.
 pub const MAX_JOURNAL_ERRORS: usize = 16;
-/// Finished attempts remembered (uuid → digest) to refuse a reused UUID.
+/// Finished attempts remembered in full (uuid, digest, outcome, time) for
+/// their status; the binding of every attempt outlives this window (see
+/// [`MAX_BOUND_ATTEMPTS`]).
 pub const MAX_REMEMBERED_ATTEMPTS: usize = 64;
+/// Attempts whose uuid → digest binding a device keeps, on the agent and on
+/// the updater, for its lifetime: one attempt a day for 27 years. About
+/// 100 bytes each (1 MiB when full). At the bound a new attempt is refused,
+/// never an old binding forgotten (seed 002: reuse of a UUID with other
+/// content is rejected, with no window).
+pub const MAX_BOUND_ATTEMPTS: usize = 10_000;
 
 /// Heartbeat period; each beat is jittered by up to [`HEARTBEAT_JITTER`].
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);

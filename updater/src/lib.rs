@@ -30,6 +30,7 @@ mod journal;
 mod oci;
 mod probe;
 mod runas;
+mod seen;
 mod server;
 mod service;
 pub mod setup;

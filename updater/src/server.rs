@@ -4,27 +4,33 @@
 //! An `upgrade` is admitted in this order, each refusal changing nothing:
 //! 1. `quarantined` while the journal is in `rollback-failed`;
 //! 2. a UUID already seen: the same digest answers its status (idempotent),
-//!    another digest is a `conflict`;
+//!    another digest is a `conflict`; a UUID whose journal record is gone but
+//!    whose binding is kept (`seen`) is a `conflict` either way (it ran);
 //! 3. `busy` while another upgrade or a recovery holds the mutator;
 //! 4. `frozen` while the agent's persisted change freeze is on (or unreadable);
 //! 5. `invalid` for another architecture;
-//! 6. `refused` when the active link is not an installed versioned agent.
+//! 6. `refused` when the active link is not an installed versioned agent;
+//! 7. `refused` when the attempt cannot be bound durably to its digest (the
+//!    bindings are full or unreadable, or the write failed).
 //!
 //! It then runs preparation and probe on the request's own thread and
 //! answers when they end; after a successful probe it records `activating`,
 //! hands the mutator to the `updater-cutover` thread and answers
 //! (`stopping`) while the cutover proceeds.
 
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 
+use fleet_common::contracts::BindError;
 use fleet_common::contracts::{
     AgentUpgradeAttempt, ErrorBody, ErrorCode, Journal, JournalPhase, Response, UpdaterReply,
     UpdaterRequest,
 };
+use fleet_common::limits::MAX_REMEMBERED_ATTEMPTS;
 use fleet_common::socket::{Handler, Peer, Reply};
 use fleet_common::validate::{Arch, Sha256Hex};
 
 use crate::freeze;
+use crate::seen::{BindingError, BindingStore};
 use crate::state::Shared;
 use crate::status::{self, StatusInfo};
 use crate::transaction::{self, Context, Prepared};
@@ -37,11 +43,69 @@ pub struct UpdaterHandler {
     shared: Arc<Shared>,
     ctx: Arc<Context>,
     info: StatusInfo,
+    /// Every attempt's binding; an unreadable record refuses every upgrade.
+    /// Changed only under the mutator.
+    bindings: Mutex<Result<BindingStore, String>>,
 }
 
 impl UpdaterHandler {
     pub fn new(shared: Arc<Shared>, ctx: Arc<Context>, info: StatusInfo) -> Self {
-        Self { shared, ctx, info }
+        let bindings = BindingStore::load(&ctx.layout, &shared.snapshot().journal).map_err(|e| {
+            log::error!("{e}");
+            e.to_string()
+        });
+        Self {
+            shared,
+            ctx,
+            info,
+            bindings: Mutex::new(bindings),
+        }
+    }
+
+    /// What the kept bindings say of an attempt the journal no longer
+    /// holds: `None` when it was never started.
+    fn by_binding(&self, attempt: &AgentUpgradeAttempt, digest: &Sha256Hex) -> Option<Reply> {
+        let guard = self.bindings.lock().unwrap_or_else(PoisonError::into_inner);
+        let store = match &*guard {
+            Ok(s) => s,
+            Err(why) => return Some(Self::error(ErrorCode::Refused, why)),
+        };
+        let earlier = store.digest_of(&attempt.uuid)?;
+        Some(if earlier != digest {
+            Self::error(
+                ErrorCode::Conflict,
+                format!(
+                    "attempt {} was seen before with digest {earlier}, this one has digest {digest}: one UUID names one attempt; write a new attempt with a new UUID",
+                    attempt.uuid
+                ),
+            )
+        } else {
+            Self::error(
+                ErrorCode::Conflict,
+                format!(
+                    "attempt {} ran here before; its outcome is no longer kept (only the latest {MAX_REMEMBERED_ATTEMPTS} are) and it does not run twice: write a new attempt with a new UUID",
+                    attempt.uuid
+                ),
+            )
+        })
+    }
+
+    /// Binds the attempt durably before its transaction begins.
+    fn bind(&self, attempt: &AgentUpgradeAttempt, digest: &Sha256Hex) -> Result<(), Reply> {
+        let mut guard = self.bindings.lock().unwrap_or_else(PoisonError::into_inner);
+        let store = match &mut *guard {
+            Ok(s) => s,
+            Err(why) => return Err(Self::error(ErrorCode::Refused, why.as_str())),
+        };
+        store.bind(&attempt.uuid, digest).map_err(|e| {
+            log::error!(attempt = attempt.uuid.to_string().as_str(); "refused: {e}");
+            let code = match e {
+                BindingError::Bind(BindError::Conflict { .. }) => ErrorCode::Conflict,
+                BindingError::Bind(BindError::Full) => ErrorCode::Refused,
+                BindingError::Unreadable { .. } | BindingError::Write { .. } => ErrorCode::Internal,
+            };
+            Self::error(code, format!("{e}; the attempt did not start"))
+        })
     }
 
     fn status(&self) -> Reply {
@@ -86,7 +150,9 @@ impl UpdaterHandler {
                     .find(|f| f.uuid == attempt.uuid)
                     .map(|f| (f.digest.clone(), Some(status::finished(f))))
             });
-        let (seen_digest, finished) = seen?;
+        let Some((seen_digest, finished)) = seen else {
+            return self.by_binding(attempt, digest);
+        };
         if &seen_digest != digest {
             return Some(Self::error(
                 ErrorCode::Conflict,
@@ -149,6 +215,9 @@ impl UpdaterHandler {
                 return Self::error(ErrorCode::Refused, why);
             }
         };
+        if let Err(r) = self.bind(&attempt, &digest) {
+            return r;
+        }
         if let Err(e) = transaction::begin(&mut m, &self.ctx.layout, attempt, previous) {
             log::error!(attempt = uuid.as_str(); "{e}");
             return Self::error(
