@@ -49,8 +49,20 @@ pub const SOCKET_STATUS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(15);
 pub const SOCKET_UPGRADE_RESPONSE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 /// Largest request or response on a local socket, newline included (seed: 1 MiB).
 pub const MAX_SOCKET_MESSAGE_BYTES: usize = 1024 * 1024;
-/// Concurrent socket handlers; one more is answered `busy` (seed: 32).
+/// Concurrent mutating socket handlers; one more is answered `busy` (seed: 32).
 pub const MAX_SOCKET_HANDLERS: usize = 32;
+/// Concurrent read-only (`status`) socket handlers, counted apart from the
+/// mutating ones so that those never make `status` busy.
+pub const MAX_SOCKET_READ_ONLY_HANDLERS: usize = 8;
+/// Connections a socket server holds while they send their request (read
+/// by one thread, no handler each); a new one beyond pushes out the oldest.
+pub const MAX_SOCKET_PENDING_CONNECTIONS: usize = 256;
+/// Request bytes every pending connection may buffer whatever the others
+/// hold: a `status` request is some 20 bytes.
+pub const SOCKET_SMALL_REQUEST_BYTES: usize = 4 * 1024;
+/// Request bytes all pending connections of a socket server buffer together
+/// beyond their small share; a larger request waits to be read meanwhile.
+pub const MAX_SOCKET_BUFFERED_BYTES: usize = 4 * 1024 * 1024;
 
 /// Timed transitions retained in a status or journal record (seed: 16).
 pub const MAX_TRANSITIONS: usize = 16;

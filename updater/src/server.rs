@@ -26,7 +26,7 @@ use fleet_common::contracts::{
     UpdaterRequest,
 };
 use fleet_common::limits::MAX_REMEMBERED_ATTEMPTS;
-use fleet_common::socket::{Handler, Peer, Reply};
+use fleet_common::socket::{Handler, Peer, Reply, RequestClass};
 use fleet_common::validate::{Arch, Sha256Hex};
 
 use crate::freeze;
@@ -261,6 +261,13 @@ impl UpdaterHandler {
 
 impl Handler for UpdaterHandler {
     type Request = UpdaterRequest;
+
+    fn class(request: &UpdaterRequest) -> RequestClass {
+        match request {
+            UpdaterRequest::Status {} => RequestClass::ReadOnly,
+            UpdaterRequest::Upgrade { .. } => RequestClass::Mutating,
+        }
+    }
 
     fn handle(&self, request: UpdaterRequest, peer: &Peer) -> Reply {
         match request {
