@@ -18,6 +18,8 @@ mod jwks;
 mod jwt;
 mod natsjwt;
 mod nkeys;
+#[cfg(test)]
+mod prop_tests;
 mod service;
 mod strict_json;
 
