@@ -262,11 +262,14 @@ impl SocketServer {
         let mut chunk = [0u8; READ_CHUNK_BYTES];
         while !shutdown.load(Ordering::Relaxed) {
             let ready = reader.poll(&self.listener);
-            if ready.listener {
-                reader.accept_all(&self.listener);
-            }
+            // Highest index first: taking a connection out shifts only
+            // those after it, already read. Accepting comes after, as it
+            // may push out the oldest (index 0).
             for i in ready.connections.into_iter().rev() {
                 reader.read_from(i, &mut chunk, &handler);
+            }
+            if ready.listener {
+                reader.accept_all(&self.listener);
             }
             reader.expire(Instant::now());
         }
