@@ -9,8 +9,10 @@
 //! every attempt the journal knows (a file written before this record
 //! existed, or a start after a crash between the two writes); the handler
 //! asks [`BindingStore::digest_of`] for a UUID the journal no longer holds,
-//! and [`BindingStore::bind`]s each attempt durably (temp file, fsync,
-//! rename, directory fsync) before its transaction begins. A file that
+//! [`BindingStore::check`]s a new attempt before its transaction begins and
+//! [`BindingStore::bind`]s it durably (temp file, fsync, rename, directory
+//! fsync) once the journal holds it: a crash or a failed write in between
+//! leaves the binding in the journal, bound again at the next start. A file that
 //! cannot be read or understood is kept as an error: every `upgrade` is then
 //! refused (root repair), `status` still answers.
 
@@ -104,6 +106,14 @@ impl BindingStore {
     /// The digest `uuid` was started with, however long ago.
     pub fn digest_of(&self, uuid: &AttemptUuid) -> Option<&Sha256Hex> {
         self.bound.digest_of(uuid)
+    }
+
+    /// Whether `uuid` may be bound to `digest` (see [`AttemptBindings::check`]).
+    pub fn check(&self, uuid: &AttemptUuid, digest: &Sha256Hex) -> Result<(), BindingError> {
+        self.bound
+            .check(uuid, digest)
+            .map(|_| ())
+            .map_err(BindingError::Bind)
     }
 
     /// Binds `uuid` to `digest` and writes the record when that is new.

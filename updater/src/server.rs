@@ -10,8 +10,9 @@
 //! 4. `frozen` while the agent's persisted change freeze is on (or unreadable);
 //! 5. `invalid` for another architecture;
 //! 6. `refused` when the active link is not an installed versioned agent;
-//! 7. `refused` when the attempt cannot be bound durably to its digest (the
-//!    bindings are full or unreadable, or the write failed).
+//! 7. `refused` when the attempt cannot be bound to its digest (the
+//!    bindings are full or unreadable); once its transaction began, the
+//!    binding is written (see `seen`).
 //!
 //! It then runs preparation and probe on the request's own thread and
 //! answers when they end; after a successful probe it records `activating`,
@@ -27,7 +28,7 @@ use fleet_common::contracts::{
 };
 use fleet_common::limits::MAX_REMEMBERED_ATTEMPTS;
 use fleet_common::socket::{Handler, Peer, Reply, RequestClass};
-use fleet_common::validate::{Arch, Sha256Hex};
+use fleet_common::validate::{Arch, AttemptUuid, Sha256Hex};
 
 use crate::freeze;
 use crate::seen::{BindingError, BindingStore};
@@ -90,14 +91,19 @@ impl UpdaterHandler {
         })
     }
 
-    /// Binds the attempt durably before its transaction begins.
-    fn bind(&self, attempt: &AgentUpgradeAttempt, digest: &Sha256Hex) -> Result<(), Reply> {
-        let mut guard = self.bindings.lock().unwrap_or_else(PoisonError::into_inner);
-        let store = match &mut *guard {
+    /// Refuses an attempt that cannot be bound (before its transaction
+    /// begins).
+    fn check_binding(
+        &self,
+        attempt: &AgentUpgradeAttempt,
+        digest: &Sha256Hex,
+    ) -> Result<(), Reply> {
+        let guard = self.bindings.lock().unwrap_or_else(PoisonError::into_inner);
+        let store = match &*guard {
             Ok(s) => s,
             Err(why) => return Err(Self::error(ErrorCode::Refused, why.as_str())),
         };
-        store.bind(&attempt.uuid, digest).map_err(|e| {
+        store.check(&attempt.uuid, digest).map_err(|e| {
             log::error!(attempt = attempt.uuid.to_string().as_str(); "refused: {e}");
             let code = match e {
                 BindingError::Bind(BindError::Conflict { .. }) => ErrorCode::Conflict,
@@ -106,6 +112,18 @@ impl UpdaterHandler {
             };
             Self::error(code, format!("{e}; the attempt did not start"))
         })
+    }
+
+    /// Binds an attempt whose transaction began. A failed write is logged:
+    /// the journal holds the attempt, and the binding is written from it at
+    /// the next start (or with the next binding written).
+    fn bind(&self, uuid: &AttemptUuid, digest: &Sha256Hex) {
+        let mut guard = self.bindings.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Ok(store) = &mut *guard {
+            if let Err(e) = store.bind(uuid, digest) {
+                log::error!(attempt = uuid.to_string().as_str(); "{e}; the journal holds the attempt and binds it again at the next start");
+            }
+        }
     }
 
     fn status(&self) -> Reply {
@@ -215,9 +233,10 @@ impl UpdaterHandler {
                 return Self::error(ErrorCode::Refused, why);
             }
         };
-        if let Err(r) = self.bind(&attempt, &digest) {
+        if let Err(r) = self.check_binding(&attempt, &digest) {
             return r;
         }
+        let attempt_uuid = attempt.uuid;
         if let Err(e) = transaction::begin(&mut m, &self.ctx.layout, attempt, previous) {
             log::error!(attempt = uuid.as_str(); "{e}");
             return Self::error(
@@ -225,6 +244,7 @@ impl UpdaterHandler {
                 format!("cannot record the attempt, so it did not start: {e}"),
             );
         }
+        self.bind(&attempt_uuid, &digest);
         match transaction::prepare(&mut m, &self.ctx) {
             Prepared::Failed | Prepared::AlreadyActive => {}
             Prepared::Probed => {

@@ -142,17 +142,23 @@ impl AttemptBindings {
     /// Binds `uuid` to `digest`: `Ok(true)` when newly bound, `Ok(false)`
     /// when it was bound to this digest already. Does not persist.
     pub fn bind(&mut self, uuid: &AttemptUuid, digest: &Sha256Hex) -> Result<bool, BindError> {
+        let new = self.check(uuid, digest)?;
+        if new {
+            self.0.push(AttemptBinding {
+                uuid: *uuid,
+                digest: digest.clone(),
+            });
+        }
+        Ok(new)
+    }
+
+    /// What [`AttemptBindings::bind`] would answer, changing nothing.
+    pub fn check(&self, uuid: &AttemptUuid, digest: &Sha256Hex) -> Result<bool, BindError> {
         match self.digest_of(uuid) {
             Some(d) if d == digest => Ok(false),
             Some(d) => Err(BindError::Conflict { earlier: d.clone() }),
             None if self.0.len() >= MAX_BOUND_ATTEMPTS => Err(BindError::Full),
-            None => {
-                self.0.push(AttemptBinding {
-                    uuid: *uuid,
-                    digest: digest.clone(),
-                });
-                Ok(true)
-            }
+            None => Ok(true),
         }
     }
 
