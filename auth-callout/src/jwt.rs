@@ -166,7 +166,8 @@ impl fmt::Display for TokenError {
             Self::Malformed { what } => write!(f, "bearer token is not a JWT: {what}"),
             Self::DuplicateKey { part, key } => write!(
                 f,
-                "bearer token {part} name the key {} twice: refused, as parsers disagree on which one counts; fix the identity provider's token",
+                "bearer token {part} {} the key {} twice: refused, as parsers disagree on which one counts; fix the identity provider's token",
+                if *part == "claims" { "name" } else { "names" },
                 shown(key)
             ),
             Self::Algorithm(alg) => write!(

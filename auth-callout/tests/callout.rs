@@ -409,5 +409,5 @@ fn a_token_naming_a_key_twice_is_refused_issue_17() {
         &format!("{{{base}}}"),
     );
     assert!(env.connect_token("dev1", &alg_twice).is_err());
-    env.logged("bearer token header name the key \"alg\" twice");
+    env.logged("bearer token header names the key \"alg\" twice");
 }
