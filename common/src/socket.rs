@@ -276,6 +276,8 @@ impl SocketServer {
     }
 }
 
+/// Connections accepted between two reads of the pending ones.
+const MAX_ACCEPTS_PER_POLL: usize = 64;
 /// Bytes read from a connection at once.
 const READ_CHUNK_BYTES: usize = 4096;
 /// Connections that may buffer past the small size at once: together at
@@ -359,10 +361,12 @@ impl Reader {
         }
     }
 
-    /// Accepts every waiting connection: refused when its peer is not
-    /// allowed, else pending (pushing out the oldest when full).
+    /// Accepts the waiting connections, at most [`MAX_ACCEPTS_PER_POLL`]
+    /// (so a flood of connects cannot keep the thread from reading): each
+    /// is refused when its peer is not allowed, else pending (pushing out
+    /// the oldest when full).
     fn accept_all(&mut self, listener: &UnixListener) {
-        loop {
+        for _ in 0..MAX_ACCEPTS_PER_POLL {
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
