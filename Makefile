@@ -102,6 +102,12 @@ test-systemd: build test-agents
 	if [ -f $(E2E_MATRIX) ]; then echo; cat $(E2E_MATRIX); fi; \
 	exit $$status
 
+## fuzz: the property tests of every parser of outside input, long (release build; PROPTEST_CASES, default 100000 per parser).
+.PHONY: fuzz
+fuzz:
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p fleet-common --test prop_parsers
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p fleet-auth-callout --lib prop_tests
+
 ## demo: one demo device against a local nats-server (Ctrl-C stops and cleans up).
 demo: deps build
 	@bash scripts/demo.sh

@@ -33,7 +33,7 @@ use fleet_common::contracts::{
 use fleet_common::layout::CONTROL_GROUP;
 use fleet_common::limits::FREEZE_DISCONNECTED_HEARTBEATS;
 use fleet_common::socket::{
-    Handler, Peer, PeerPolicy, Reply, ServerHandle, SocketError, SocketServer,
+    Handler, Peer, PeerPolicy, Reply, RequestClass, ServerHandle, SocketError, SocketServer,
 };
 use fleet_common::validate::{BoundedText, DeviceId, Version};
 use fleet_common::{users, Layout};
@@ -247,6 +247,17 @@ fn failure(e: &FreezeError) -> Reply {
 
 impl Handler for AgentApi {
     type Request = AgentRequest;
+
+    fn class(request: &AgentRequest) -> RequestClass {
+        match request {
+            AgentRequest::Status {}
+            | AgentRequest::Configstate {
+                set: None,
+                reason: None,
+            } => RequestClass::ReadOnly,
+            AgentRequest::Configstate { .. } => RequestClass::Mutating,
+        }
+    }
 
     fn handle(&self, request: AgentRequest, peer: &Peer) -> Reply {
         match request {

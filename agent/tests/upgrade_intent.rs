@@ -160,3 +160,69 @@ fn refused_intents_are_published_with_the_rule_and_remembered() {
         "an ended attempt is not published again"
     );
 }
+
+/// Issue 17 item 2: the agent keeps the first UUID's binding after 70 other
+/// attempts (more than the 64 full records it keeps) and a restart: the
+/// first UUID with other, otherwise valid, content is a conflict, never
+/// forwarded.
+#[test]
+fn a_uuid_stays_bound_after_70_later_attempts_issue_17() {
+    let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
+    let admin = nats.admin();
+    let mut settings = Settings::new(vec![nats.url()]);
+    settings.podman = false;
+    let dev = Device::new("dev1", &settings, None);
+    let mut agent = dev.start(None);
+    let here = Arch::current().expect("supported");
+    let first = attempt("dev1", other_arch());
+    put_intent(&admin, &serde_json::to_vec(&first).expect("json"));
+    failed(&admin, first.uuid);
+    for _ in 0..70 {
+        let later = attempt("dev1", other_arch());
+        put_intent(&admin, &serde_json::to_vec(&later).expect("json"));
+        failed(&admin, later.uuid);
+    }
+    let seen = || -> SeenAttempts {
+        serde_json::from_slice(
+            &std::fs::read(dev.path("var/lib/harmony-fleet/agent/attempts.json")).expect("file"),
+        )
+        .expect("json")
+    };
+    assert!(
+        seen().find(&first.uuid).is_none(),
+        "its full record is gone"
+    );
+    agent.signal(rustix::process::Signal::TERM);
+    assert!(agent.wait_exit(CONVERGE).success(), "{}", agent.log());
+    let again = dev.start(None);
+    again.wait_for_line("snapshot complete: 1 keys bucket=fleet-control", CONVERGE);
+
+    let mut reused = first.clone();
+    reused.arch = here;
+    reused.target_version = Version::parse("4.0").expect("v");
+    put_intent(&admin, &serde_json::to_vec(&reused).expect("json"));
+    let s = poll_until("the conflict", CONVERGE, || {
+        status::<UpgradeStatus>(&admin, "dev1", "upgrade")
+            .filter(|s| s.attempt_digest == reused.digest())
+    });
+    assert_eq!(
+        (s.phase, s.reason),
+        (UpgradePhase::Failed, Some(UpgradeReason::Conflict)),
+        "{s:#?}"
+    );
+    assert!(
+        s.error
+            .as_ref()
+            .is_some_and(|e| e.as_str().contains(&format!(
+                "attempt {} was seen before with digest {}",
+                first.uuid,
+                first.digest()
+            ))),
+        "{s:#?}"
+    );
+    assert!(
+        !again.log().contains("sending it to the updater"),
+        "forwarded: {}",
+        again.log()
+    );
+}

@@ -7,8 +7,9 @@
 //! outside operator mode, so that field never arrives); verify it
 //! (`jwt::verify`, keys from the JWKS cache); issue a user JWT in `DEVICES`
 //! for the device it proves, with exactly the permission template of
-//! `fleet_common`, expiring with the token: the server then closes the
-//! connection and the device must connect again with a fresh token.
+//! `fleet_common`, expiring with the token but at most
+//! `max_user_lifetime_secs` after now: the server then closes the
+//! connection and the device must connect again (its token verified again).
 //! Every other outcome is a refusal with its reason; there is no default
 //! permission. Nothing the client says about itself (name, user) is used.
 
@@ -198,9 +199,20 @@ impl Callout {
             Ok(v) => Decision::Authorized {
                 device: v.device,
                 // The user lives as long as the token proves it (within the
-                // tolerated skew), never past that; `verify` ensured this is
-                // after now.
-                expires: v.expires.saturating_add(self.policy.clock_skew_secs),
+                // tolerated skew; `verify` ensured this is after now), and
+                // never longer than `max_user_lifetime_secs` from now. Clamped
+                // rather than refused: the provider decides how long its
+                // tokens live (an operator may well choose days), and
+                // refusing would lock every device out over that choice; the
+                // clamp alone bounds what we grant. When the user expires the
+                // server closes the connection and the device connects again,
+                // so its token is verified again against the current JWKS: a
+                // withdrawn key or a disabled device loses access within the
+                // bound however far away the token's `exp` is (2^53 included).
+                expires: v
+                    .expires
+                    .saturating_add(self.policy.clock_skew_secs)
+                    .min(now_unix.saturating_add(self.policy.max_user_lifetime_secs)),
                 subject: v.subject,
             },
             Err(e) => Decision::Refused(Refusal::Token(e)),
@@ -356,5 +368,24 @@ mod tests {
             c.handle(forged.as_bytes(), NOW, Instant::now()),
             Outcome::Unanswerable(Unanswerable::Request(RequestError::Signature))
         ));
+    }
+
+    /// Issue 17 item 9: a validly signed token with `exp` = 2^53 is admitted
+    /// for the configured maximum user lifetime, not until 2^53.
+    #[test]
+    fn a_far_expiry_is_clamped_to_the_max_user_lifetime_issue_17() {
+        let k = keys();
+        let c = callout(&json!({"keys": [k.rsa_jwk]}));
+        let mut far = claims("dev-a");
+        far["exp"] = json!(9_007_199_254_740_992_i64);
+        let token = sign_rs256(&k.rsa, &json!({"alg": "RS256", "kid": "rsa-test-1"}), &far);
+        let (resp, decision) = ask(&c, json!({ "auth_token": token }));
+        let limit = NOW + policy().max_user_lifetime_secs;
+        assert!(
+            matches!(&decision, Decision::Authorized { expires, .. } if *expires == limit),
+            "{decision:?}"
+        );
+        let user = payload(resp["nats"]["jwt"].as_str().expect("user jwt"));
+        assert_eq!(user["exp"], limit);
     }
 }

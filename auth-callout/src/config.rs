@@ -10,6 +10,7 @@
 //!   "clock_skew_secs": 60,
 //!   "jwks_min_refetch_secs": 30,
 //!   "jwks_max_age_secs": 3600,
+//!   "max_user_lifetime_secs": 86400,
 //!   "https_ca_file": null,
 //!   "nats_url": "nats://127.0.0.1:4222",
 //!   "nats_user": "auth-callout",
@@ -52,6 +53,13 @@ const MAX_JWKS_MIN_REFETCH_SECS: u64 = 3600;
 const DEFAULT_JWKS_MAX_AGE_SECS: u64 = 3600;
 const MIN_JWKS_MAX_AGE_SECS: u64 = 60;
 const MAX_JWKS_MAX_AGE_SECS: u64 = 86_400;
+/// Default, smallest and largest life of a granted NATS user: a token that
+/// expires later is admitted for this long only, then the device connects
+/// again and its token is verified again (so a withdrawn key or a disabled
+/// device loses access within a day by default).
+const DEFAULT_MAX_USER_LIFETIME_SECS: u64 = 86_400;
+const MIN_MAX_USER_LIFETIME_SECS: u64 = 60;
+const MAX_MAX_USER_LIFETIME_SECS: u64 = 30 * 86_400;
 /// Longest audience, issuer or URL accepted.
 const MAX_TEXT_CHARS: usize = 2048;
 /// Longest device claim name.
@@ -74,6 +82,8 @@ struct RawConfig {
     jwks_min_refetch_secs: Option<u64>,
     #[serde(default)]
     jwks_max_age_secs: Option<u64>,
+    #[serde(default)]
+    max_user_lifetime_secs: Option<u64>,
     #[serde(default)]
     https_ca_file: Option<PathBuf>,
     nats_url: String,
@@ -224,6 +234,13 @@ impl Config {
             MIN_JWKS_MAX_AGE_SECS,
             MAX_JWKS_MAX_AGE_SECS,
         )?;
+        let max_user_lifetime = ranged(
+            "max_user_lifetime_secs",
+            raw.max_user_lifetime_secs,
+            DEFAULT_MAX_USER_LIFETIME_SECS,
+            MIN_MAX_USER_LIFETIME_SECS,
+            MAX_MAX_USER_LIFETIME_SECS,
+        )?;
         let url_ok = ["nats://", "tls://"].iter().any(|s| {
             raw.nats_url
                 .strip_prefix(s)
@@ -266,6 +283,8 @@ impl Config {
                 audience: raw.audience,
                 device_claim,
                 clock_skew_secs: i64::try_from(skew).unwrap_or(0),
+                max_user_lifetime_secs: i64::try_from(max_user_lifetime)
+                    .unwrap_or(DEFAULT_MAX_USER_LIFETIME_SECS as i64),
             },
             jwks_url: raw.jwks_url,
             jwks_min_refetch: Duration::from_secs(min_refetch),
@@ -311,6 +330,7 @@ mod tests {
         assert_eq!(c.policy.clock_skew_secs, 60);
         assert_eq!(c.jwks_min_refetch, Duration::from_secs(30));
         assert_eq!(c.jwks_max_age, Duration::from_secs(3600));
+        assert_eq!(c.policy.max_user_lifetime_secs, 86_400);
         assert_eq!(c.nats_user, "auth-callout");
         assert_eq!(c.https_ca_file, None);
     }
@@ -331,6 +351,12 @@ mod tests {
         );
         assert!(refuse(|v| v["jwks_min_refetch_secs"] = json!(0)).contains("outside 1..=3600"));
         assert!(refuse(|v| v["jwks_max_age_secs"] = json!(10)).contains("outside 60..=86400"));
+        assert_eq!(
+            refuse(|v| v["max_user_lifetime_secs"] = json!(59)),
+            "config max_user_lifetime_secs: 59 is outside 60..=2592000"
+        );
+        assert!(refuse(|v| v["max_user_lifetime_secs"] = json!(2_592_001))
+            .contains("outside 60..=2592000"));
         assert!(refuse(|v| v["nats_url"] = json!("http://x")).starts_with("config nats_url:"));
         assert_eq!(
             refuse(|v| v["issuer_seed_file"] = json!("issuer.nk")),
@@ -350,5 +376,15 @@ mod tests {
         let c = Config::from_json(&v.to_string()).expect("valid");
         assert_eq!(c.policy.device_claim, "sub");
         assert_eq!(c.policy.clock_skew_secs, 0);
+    }
+
+    /// Issue 17 item 9: the config names no key twice either (serde's
+    /// derive refuses a duplicate field; this keeps it so).
+    #[test]
+    fn a_duplicate_key_is_refused() {
+        let text = minimal().to_string();
+        let twice = text.replacen('{', r#"{"audience":"other","#, 1);
+        let e = Config::from_json(&twice).expect_err("refused").to_string();
+        assert!(e.contains("duplicate field `audience`"), "{e}");
     }
 }

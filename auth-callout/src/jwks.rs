@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use crate::https::{self, HttpsError};
 use crate::jwt::Algorithm;
+use crate::strict_json::{self, StrictJsonError};
 
 /// Longest `kid` kept.
 const MAX_KID_CHARS: usize = 256;
@@ -60,6 +61,10 @@ impl Jwk {
 pub enum JwksError {
     Fetch(HttpsError),
     NotJson,
+    /// An object in it names `key` twice.
+    DuplicateKey {
+        key: String,
+    },
     /// No `keys` array at the top.
     NoKeysArray,
     TooManyKeys {
@@ -79,6 +84,10 @@ impl fmt::Display for JwksError {
         match self {
             Self::Fetch(e) => write!(f, "JWKS fetch: {e}"),
             Self::NotJson => f.write_str("JWKS is not JSON: check jwks_url"),
+            Self::DuplicateKey { key } => write!(
+                f,
+                "JWKS names the key {key:?} twice in one object: refused, as parsers disagree on which one counts"
+            ),
             Self::NoKeysArray => {
                 f.write_str("JWKS has no \"keys\" array: check that jwks_url is the provider's key set")
             }
@@ -106,11 +115,15 @@ pub struct KeySet {
 }
 
 impl KeySet {
-    /// Parses a JWKS, keeping its RS256 and ES256 signing keys. Keys of other
+    /// Parses a JWKS, keeping its RS256 and ES256 signing keys; refused
+    /// whole when any object in it names a key twice. Keys of other
     /// types, curves or algorithms, for encryption, or without a `kid` are
     /// skipped.
     pub fn parse(bytes: &[u8]) -> Result<KeySet, JwksError> {
-        let doc: Value = serde_json::from_slice(bytes).map_err(|_| JwksError::NotJson)?;
+        let doc = strict_json::parse(bytes).map_err(|e| match e {
+            StrictJsonError::Syntax => JwksError::NotJson,
+            StrictJsonError::DuplicateKey(key) => JwksError::DuplicateKey { key },
+        })?;
         let list = doc
             .get("keys")
             .and_then(Value::as_array)
@@ -446,6 +459,33 @@ mod tests {
             KeySet::parse(dup.to_string().as_bytes()),
             Err(JwksError::DuplicateKid { kid }) if kid == "k"
         ));
+        // Issue 17 item 9: a key object naming `kid` (or `n`, `x`...)
+        // twice, or a document naming `keys` twice, is refused whole.
+        let ec = ec_key("e1").to_string();
+        for (doc, key) in [
+            (
+                format!(
+                    r#"{{"keys":[{}]}}"#,
+                    ec.replacen('{', r#"{"kid":"other","#, 1)
+                ),
+                "kid",
+            ),
+            (
+                format!(r#"{{"keys":[{}]}}"#, ec.replacen('{', r#"{"x":"AA","#, 1)),
+                "x",
+            ),
+            (format!(r#"{{"keys":[],"keys":[{ec}]}}"#), "keys"),
+        ] {
+            let e = KeySet::parse(doc.as_bytes()).expect_err("refused");
+            assert!(
+                matches!(&e, JwksError::DuplicateKey { key: k } if k == key),
+                "{doc}: {e:?}"
+            );
+        }
+        assert_eq!(
+            JwksError::DuplicateKey { key: "kid".into() }.to_string(),
+            "JWKS names the key \"kid\" twice in one object: refused, as parsers disagree on which one counts"
+        );
         let many: Vec<Value> = (0..=MAX_JWKS_KEYS)
             .map(|i| ec_key(&format!("k{i}")))
             .collect();

@@ -2,7 +2,10 @@
 //! before anything in it is believed.
 //!
 //! Steps of [`verify`], in order, each refusing with its own
-//! [`TokenError`]: size; three base64url parts; the header's `alg` is RS256
+//! [`TokenError`]: size; three base64url parts; the header is a JSON object
+//! naming no key twice (nor do the claims, checked once signed: a duplicate
+//! `device_id`, `alg` or `exp` would mean one thing to us and another to the
+//! next parser, see `strict_json`); the header's `alg` is RS256
 //! or ES256 (never `none`, HMAC or anything else) with a `kid` and no `crit`;
 //! the key named by `kid` comes from the provider's JWKS (never from the
 //! token) and is of the header's algorithm; the signature verifies; `iss`
@@ -24,6 +27,7 @@ use ring::signature::{
 use serde_json::{Map, Value};
 
 use crate::jwks::{Jwk, KeyError, PublicKey};
+use crate::strict_json::{self, StrictJsonError};
 
 /// The signature algorithms accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +72,10 @@ pub struct BearerPolicy {
     pub device_claim: String,
     /// Tolerated clock difference on `exp`, `nbf` and `iat`.
     pub clock_skew_secs: i64,
+    /// Longest life of a granted NATS user, from the moment it is granted:
+    /// a token expiring later is admitted for this long only (see
+    /// `Callout::decide`).
+    pub max_user_lifetime_secs: i64,
 }
 
 /// A verified bearer token: the device it proves and when it expires.
@@ -88,6 +96,11 @@ pub enum TokenError {
     },
     Malformed {
         what: &'static str,
+    },
+    /// The header or the claims name one key twice (`part` says which).
+    DuplicateKey {
+        part: &'static str,
+        key: String,
     },
     /// `alg` other than RS256 and ES256 (`none` and HMAC included).
     Algorithm(String),
@@ -151,6 +164,12 @@ impl fmt::Display for TokenError {
                 "bearer token of {bytes} bytes is larger than {MAX_BEARER_JWT_BYTES}"
             ),
             Self::Malformed { what } => write!(f, "bearer token is not a JWT: {what}"),
+            Self::DuplicateKey { part, key } => write!(
+                f,
+                "bearer token {part} {} the key {} twice: refused, as parsers disagree on which one counts; fix the identity provider's token",
+                if *part == "claims" { "name" } else { "names" },
+                shown(key)
+            ),
             Self::Algorithm(alg) => write!(
                 f,
                 "bearer token alg {} is not accepted: only RS256 and ES256",
@@ -248,7 +267,8 @@ pub fn verify(
     else {
         return Err(malformed("not three dot-separated parts"));
     };
-    let header = json_object(h).ok_or(malformed("header is not base64url JSON object"))?;
+    let header =
+        json_object(h, "header")?.ok_or(malformed("header is not base64url JSON object"))?;
     let alg = match header.get("alg") {
         Some(Value::String(a)) => a.as_str(),
         _ => return Err(TokenError::Algorithm(String::new())),
@@ -294,14 +314,23 @@ pub fn verify(
         });
     }
     // Only now is the payload the provider's word.
-    let claims = json_object(p).ok_or(malformed("claims are not base64url JSON object"))?;
+    let claims =
+        json_object(p, "claims")?.ok_or(malformed("claims are not base64url JSON object"))?;
     check_claims(&claims, policy, now)
 }
 
-fn json_object(part: &str) -> Option<Map<String, Value>> {
-    match serde_json::from_slice(&decode_url(part)?).ok()? {
-        Value::Object(m) => Some(m),
-        _ => None,
+/// The JSON object of a base64url part; `None` when it is not one, an error
+/// when it names a key twice (at any depth).
+fn json_object(part: &str, name: &'static str) -> Result<Option<Map<String, Value>>, TokenError> {
+    let Some(bytes) = decode_url(part) else {
+        return Ok(None);
+    };
+    match strict_json::parse_object(&bytes) {
+        Ok(m) => Ok(m),
+        Err(StrictJsonError::Syntax) => Ok(None),
+        Err(StrictJsonError::DuplicateKey(key)) => {
+            Err(TokenError::DuplicateKey { part: name, key })
+        }
     }
 }
 
@@ -402,6 +431,7 @@ pub(crate) mod tests {
             audience: "fleet".into(),
             device_claim: "device_id".into(),
             clock_skew_secs: 60,
+            max_user_lifetime_secs: 86_400,
         }
     }
 
@@ -442,10 +472,16 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn sign_rs256(key: &RsaKeyPair, header: &Value, claims: &Value) -> String {
+        sign_rs256_text(key, &header.to_string(), &claims.to_string())
+    }
+
+    /// Signs header and claims given as JSON text (which a `Value` cannot
+    /// hold when it names a key twice).
+    pub(crate) fn sign_rs256_text(key: &RsaKeyPair, header: &str, claims: &str) -> String {
         let input = format!(
             "{}.{}",
-            encode_url(header.to_string().as_bytes()),
-            encode_url(claims.to_string().as_bytes())
+            encode_url(header.as_bytes()),
+            encode_url(claims.as_bytes())
         );
         let mut sig = vec![0u8; key.public().modulus_len()];
         key.sign(
@@ -698,5 +734,78 @@ pub(crate) mod tests {
             e.to_string(),
             "bearer token claim \"device_id\": invalid device id \"a.>\": use 1 to 64 characters from A-Z, a-z, 0-9, '_' and '-'"
         );
+    }
+
+    /// Issue 17 item 9: a signed token naming a key twice is refused, in the
+    /// claims (`device_id`, `exp`) and in the header (`alg`, `kid`), rather
+    /// than read as whichever value came last.
+    #[test]
+    fn duplicate_keys_are_refused_issue_17() {
+        let k = keys();
+        let header = r#"{"alg":"RS256","typ":"JWT","kid":"rsa-test-1"}"#;
+        let base = format!(
+            r#""iss":"https://idp.test","aud":"fleet","exp":{},"device_id":"dev1""#,
+            NOW + 3600
+        );
+        // The control: the same text without a duplicate is admitted.
+        let ok = sign_rs256_text(&k.rsa, header, &format!("{{{base}}}"));
+        assert_eq!(check(&k, &ok).expect("valid").device.as_str(), "dev1");
+        let twice = sign_rs256_text(&k.rsa, header, &format!(r#"{{{base},"device_id":"dev2"}}"#));
+        let e = check(&k, &twice).expect_err("refused");
+        assert_eq!(
+            e,
+            TokenError::DuplicateKey {
+                part: "claims",
+                key: "device_id".into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "bearer token claims name the key \"device_id\" twice: refused, as parsers disagree on which one counts; fix the identity provider's token"
+        );
+        let exp = sign_rs256_text(
+            &k.rsa,
+            header,
+            &format!(r#"{{{base},"exp":9007199254740992}}"#),
+        );
+        assert_eq!(
+            check(&k, &exp),
+            Err(TokenError::DuplicateKey {
+                part: "claims",
+                key: "exp".into()
+            })
+        );
+        // Nested too: an object inside a claim.
+        let nested = sign_rs256_text(
+            &k.rsa,
+            header,
+            &format!(r#"{{{base},"x":{{"a":1,"a":2}}}}"#),
+        );
+        assert_eq!(
+            check(&k, &nested),
+            Err(TokenError::DuplicateKey {
+                part: "claims",
+                key: "a".into()
+            })
+        );
+        let claims = format!("{{{base}}}");
+        for (header, key) in [
+            (r#"{"alg":"RS256","kid":"rsa-test-1","alg":"ES256"}"#, "alg"),
+            (
+                r#"{"alg":"RS256","kid":"ec-test-1","kid":"rsa-test-1"}"#,
+                "kid",
+            ),
+            (r#"{"alg":"none","alg":"RS256","kid":"rsa-test-1"}"#, "alg"),
+        ] {
+            let t = sign_rs256_text(&k.rsa, header, &claims);
+            assert_eq!(
+                check(&k, &t),
+                Err(TokenError::DuplicateKey {
+                    part: "header",
+                    key: key.into()
+                }),
+                "{header}"
+            );
+        }
     }
 }

@@ -18,7 +18,10 @@ mod jwks;
 mod jwt;
 mod natsjwt;
 mod nkeys;
+#[cfg(test)]
+mod prop_tests;
 mod service;
+mod strict_json;
 
 pub use callout::{Callout, Decision, Outcome, Refusal};
 pub use config::{Config, ConfigError, DEFAULT_CONFIG_PATH};

@@ -358,3 +358,56 @@ fn a_token_up_to_the_limit_fits_the_connect_line_and_a_larger_one_is_refused() {
     assert!(env.connect_token("dev-a", &over).is_err());
     env.logged(&format!("is larger than {MAX_BEARER_JWT_BYTES}"));
 }
+
+/// Issue 17 item 9: a token the provider signed with `device_id` twice
+/// ("dev1", then "dev2") is refused by the running callout, not admitted
+/// as dev2; so is one naming `alg` twice in its header.
+#[test]
+fn a_token_naming_a_key_twice_is_refused_issue_17() {
+    use ring::rand::SystemRandom;
+    use ring::signature::RSA_PKCS1_SHA256;
+    let env = Env::start(json!({}));
+    let sign = |header: &str, claims: &str| {
+        let input = format!(
+            "{}.{}",
+            b64url(header.as_bytes()),
+            b64url(claims.as_bytes())
+        );
+        let key = &env.keys().rsa;
+        let mut sig = vec![0u8; key.public().modulus_len()];
+        key.sign(
+            &RSA_PKCS1_SHA256,
+            &SystemRandom::new(),
+            input.as_bytes(),
+            &mut sig,
+        )
+        .expect("sign");
+        format!("{input}.{}", b64url(&sig))
+    };
+    let c = claims("dev1", 600);
+    let base = format!(
+        r#""iss":{},"aud":{},"exp":{},"iat":{},"device_id":"dev1""#,
+        c["iss"], c["aud"], c["exp"], c["iat"]
+    );
+    let header = format!(r#"{{"alg":"RS256","typ":"JWT","kid":"{RSA_KID}"}}"#);
+    // The control: without the duplicate the token is admitted.
+    drop(env.device("dev1", &sign(&header, &format!("{{{base}}}"))));
+    let twice = sign(&header, &format!(r#"{{{base},"device_id":"dev2"}}"#));
+    let err = env
+        .connect_token("dev2", &twice)
+        .map(|_| ())
+        .expect_err("refused");
+    assert!(
+        err.to_string()
+            .to_lowercase()
+            .contains("authorization violation"),
+        "{err}"
+    );
+    env.logged("bearer token claims name the key \"device_id\" twice");
+    let alg_twice = sign(
+        &format!(r#"{{"alg":"none","alg":"RS256","typ":"JWT","kid":"{RSA_KID}"}}"#),
+        &format!("{{{base}}}"),
+    );
+    assert!(env.connect_token("dev1", &alg_twice).is_err());
+    env.logged("bearer token header names the key \"alg\" twice");
+}

@@ -91,6 +91,11 @@ impl Layout {
     pub fn journal(&self) -> PathBuf {
         self.updater_state_dir().join("journal.json")
     }
+    /// `/var/lib/harmony-fleet/updater/attempts.json`: the uuid → digest
+    /// binding of every attempt the updater started.
+    pub fn updater_bindings(&self) -> PathBuf {
+        self.updater_state_dir().join("attempts.json")
+    }
     /// `/var/lib/harmony-fleet/agent`
     pub fn agent_state_dir(&self) -> PathBuf {
         self.at("var/lib/harmony-fleet/agent")

@@ -49,8 +49,20 @@ pub const SOCKET_STATUS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(15);
 pub const SOCKET_UPGRADE_RESPONSE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 /// Largest request or response on a local socket, newline included (seed: 1 MiB).
 pub const MAX_SOCKET_MESSAGE_BYTES: usize = 1024 * 1024;
-/// Concurrent socket handlers; one more is answered `busy` (seed: 32).
+/// Concurrent mutating socket handlers; one more is answered `busy` (seed: 32).
 pub const MAX_SOCKET_HANDLERS: usize = 32;
+/// Concurrent read-only (`status`) socket handlers, counted apart from the
+/// mutating ones so that those never make `status` busy.
+pub const MAX_SOCKET_READ_ONLY_HANDLERS: usize = 8;
+/// Connections a socket server holds while they send their request (read
+/// by one thread, no handler each); a new one beyond pushes out the oldest.
+pub const MAX_SOCKET_PENDING_CONNECTIONS: usize = 256;
+/// Request bytes every pending connection may buffer whatever the others
+/// hold: a `status` request is some 20 bytes.
+pub const SOCKET_SMALL_REQUEST_BYTES: usize = 4 * 1024;
+/// Request bytes all pending connections of a socket server buffer together
+/// beyond their small share; a larger request waits to be read meanwhile.
+pub const MAX_SOCKET_BUFFERED_BYTES: usize = 4 * 1024 * 1024;
 
 /// Timed transitions retained in a status or journal record (seed: 16).
 pub const MAX_TRANSITIONS: usize = 16;
@@ -58,8 +70,16 @@ pub const MAX_TRANSITIONS: usize = 16;
 pub const MAX_TEXT_CHARS: usize = 1024;
 /// Errors retained in the updater journal for one attempt.
 pub const MAX_JOURNAL_ERRORS: usize = 16;
-/// Finished attempts remembered (uuid → digest) to refuse a reused UUID.
+/// Finished attempts remembered in full (uuid, digest, outcome, time) for
+/// their status; the binding of every attempt outlives this window (see
+/// [`MAX_BOUND_ATTEMPTS`]).
 pub const MAX_REMEMBERED_ATTEMPTS: usize = 64;
+/// Attempts whose uuid → digest binding a device keeps, on the agent and on
+/// the updater, for its lifetime: one attempt a day for 27 years. About
+/// 100 bytes each (1 MiB when full). At the bound a new attempt is refused,
+/// never an old binding forgotten (seed 002: reuse of a UUID with other
+/// content is rejected, with no window).
+pub const MAX_BOUND_ATTEMPTS: usize = 10_000;
 
 /// Heartbeat period; each beat is jittered by up to [`HEARTBEAT_JITTER`].
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);

@@ -1,20 +1,34 @@
 //! The local socket protocol (DESIGN.md "Local socket protocol"): one JSON
 //! request per connection, newline-terminated, one JSON response.
 //!
-//! The server, per connection:
-//! 1. refuses with `busy` (without reading) when [`MAX_SOCKET_HANDLERS`] are
-//!    already running;
-//! 2. checks the peer's credentials (`SO_PEERCRED`, plus the supplementary
+//! The server reads every connection on one thread (`<name>-accept`), so a
+//! slow or silent client costs a buffer, not a handler thread, and `status`
+//! stays answerable while others abuse the socket (seed 002: `status`
+//! remains available during preparation and recovery). Per connection it:
+//! 1. checks the peer's credentials (`SO_PEERCRED`, plus the supplementary
 //!    groups of the peer process) against the [`PeerPolicy`] before reading
 //!    anything, answering `forbidden` otherwise;
+//! 2. keeps it among at most [`MAX_SOCKET_PENDING_CONNECTIONS`] connections
+//!    still sending their request; a new one beyond that pushes out the
+//!    oldest (`busy`), so held-open connections cannot lock newcomers out;
 //! 3. reads at most [`MAX_SOCKET_MESSAGE_BYTES`] within
-//!    [`SOCKET_REQUEST_READ_TIMEOUT`] (`too-large`, `timeout`);
-//! 4. parses the request (`invalid` when malformed), calls the handler, and
-//!    writes its response, itself capped at the same size.
+//!    [`SOCKET_REQUEST_READ_TIMEOUT`] (`too-large`, `timeout`) into a buffer
+//!    that grows with the request and is freed with it. Every connection may
+//!    buffer [`SOCKET_SMALL_REQUEST_BYTES`] (a `status` is far smaller);
+//!    beyond that only a few at a time, oldest first, so that the large
+//!    buffers together stay within [`MAX_SOCKET_BUFFERED_BYTES`] (200
+//!    clients sending 1 MiB each cost 4 MiB, not 200);
+//! 4. parses the request (`invalid` when malformed) and hands it, by its
+//!    [`RequestClass`], to a handler thread: at most
+//!    [`MAX_SOCKET_READ_ONLY_HANDLERS`] read-only and [`MAX_SOCKET_HANDLERS`]
+//!    mutating ones at a time; one more of a class is answered `busy`, the
+//!    other class is not affected. The handler's response is capped at the
+//!    same size.
 //!
 //! The client connects, writes one line and reads one line, every step
 //! bounded by the caller's deadline.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -29,7 +43,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::contracts::{ErrorBody, ErrorCode, Response};
-use crate::limits::{MAX_SOCKET_HANDLERS, MAX_SOCKET_MESSAGE_BYTES, SOCKET_REQUEST_READ_TIMEOUT};
+use crate::limits::{
+    MAX_SOCKET_BUFFERED_BYTES, MAX_SOCKET_HANDLERS, MAX_SOCKET_MESSAGE_BYTES,
+    MAX_SOCKET_PENDING_CONNECTIONS, MAX_SOCKET_READ_ONLY_HANDLERS, SOCKET_REQUEST_READ_TIMEOUT,
+    SOCKET_SMALL_REQUEST_BYTES,
+};
 use crate::users;
 
 /// How long the accept loop waits between shutdown checks.
@@ -82,10 +100,23 @@ impl Reply {
     }
 }
 
-/// Answers one parsed request. Runs on its own thread per connection; must
+/// Which handler threads a request may use: a read-only request never
+/// waits for, or is refused because of, mutating ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestClass {
+    /// Reads state only (`status`); answered quickly.
+    ReadOnly,
+    /// May change state, may take long.
+    Mutating,
+}
+
+/// Answers one parsed request. Runs on its own thread per request; must
 /// not block longer than the request's response bound.
 pub trait Handler: Send + Sync + 'static {
-    type Request: DeserializeOwned;
+    type Request: DeserializeOwned + Send;
+    /// The request's class. Say `ReadOnly` only for a request that changes
+    /// nothing and answers quickly.
+    fn class(request: &Self::Request) -> RequestClass;
     fn handle(&self, request: Self::Request, peer: &Peer) -> Reply;
 }
 
@@ -220,49 +251,324 @@ impl SocketServer {
     }
 
     fn accept_loop<H: Handler>(self, handler: Arc<H>, shutdown: &AtomicBool) {
-        let active = Arc::new(AtomicUsize::new(0));
-        let policy = Arc::new(self.policy);
+        let mut reader = Reader {
+            name: self.name,
+            policy: self.policy,
+            pending: VecDeque::new(),
+            large: 0,
+            read_only: Arc::new(AtomicUsize::new(0)),
+            mutating: Arc::new(AtomicUsize::new(0)),
+        };
+        let mut chunk = [0u8; READ_CHUNK_BYTES];
         while !shutdown.load(Ordering::Relaxed) {
-            let stream = match self.listener.accept() {
+            let ready = reader.poll(&self.listener);
+            // Highest index first: taking a connection out shifts only
+            // those after it, already read. Accepting comes after, as it
+            // may push out the oldest (index 0).
+            for i in ready.connections.into_iter().rev() {
+                reader.read_from(i, &mut chunk, &handler);
+            }
+            if ready.listener {
+                reader.accept_all(&self.listener);
+            }
+            reader.expire(Instant::now());
+        }
+    }
+}
+
+/// Connections accepted between two reads of the pending ones.
+const MAX_ACCEPTS_PER_POLL: usize = 64;
+/// Bytes read from a connection at once.
+const READ_CHUNK_BYTES: usize = 4096;
+/// Connections that may buffer past the small size at once: together at
+/// most [`MAX_SOCKET_BUFFERED_BYTES`].
+const MAX_SOCKET_LARGE_READS: usize = MAX_SOCKET_BUFFERED_BYTES / MAX_SOCKET_MESSAGE_BYTES;
+
+/// A connection still sending its request.
+struct Pending {
+    stream: UnixStream,
+    peer: Peer,
+    /// What arrived so far; grows with the request, freed with it.
+    buf: Vec<u8>,
+    /// Holds one of the [`MAX_SOCKET_LARGE_READS`] places for a request
+    /// past [`SOCKET_SMALL_REQUEST_BYTES`].
+    large: bool,
+    deadline: Instant,
+}
+
+/// What `poll` found ready.
+struct Ready {
+    listener: bool,
+    /// Indexes into `pending`, ascending.
+    connections: Vec<usize>,
+}
+
+/// The state of the accept thread: the connections being read and the
+/// handler counts per class.
+struct Reader {
+    name: String,
+    policy: PeerPolicy,
+    pending: VecDeque<Pending>,
+    /// Pending connections allowed to buffer past the small size.
+    large: usize,
+    read_only: Arc<AtomicUsize>,
+    mutating: Arc<AtomicUsize>,
+}
+
+impl Reader {
+    /// Whether `p` may be read now: always up to the small-request size,
+    /// beyond it once it holds one of the large-request places.
+    fn may_read(p: &Pending) -> bool {
+        p.buf.len() < SOCKET_SMALL_REQUEST_BYTES || p.large
+    }
+
+    /// Waits until the listener or a readable connection is ready, at most
+    /// until the nearest deadline or [`ACCEPT_POLL_INTERVAL`].
+    fn poll(&self, listener: &UnixListener) -> Ready {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let now = Instant::now();
+        let mut wait = ACCEPT_POLL_INTERVAL;
+        let mut fds = Vec::with_capacity(self.pending.len() + 1);
+        let mut which = Vec::with_capacity(self.pending.len());
+        fds.push(PollFd::new(listener, PollFlags::IN));
+        for (i, p) in self.pending.iter().enumerate() {
+            wait = wait.min(p.deadline.saturating_duration_since(now));
+            if Self::may_read(p) {
+                fds.push(PollFd::new(&p.stream, PollFlags::IN));
+                which.push(i);
+            }
+        }
+        let ts = Timespec {
+            tv_sec: wait.as_secs() as _,
+            tv_nsec: wait.subsec_nanos() as _,
+        };
+        if poll(&mut fds, Some(&ts)).is_err() {
+            return Ready {
+                listener: false,
+                connections: Vec::new(),
+            };
+        }
+        let listener_ready = !fds[0].revents().is_empty();
+        let connections = fds[1..]
+            .iter()
+            .zip(which)
+            .filter(|(fd, _)| !fd.revents().is_empty())
+            .map(|(_, i)| i)
+            .collect();
+        Ready {
+            listener: listener_ready,
+            connections,
+        }
+    }
+
+    /// Accepts the waiting connections, at most [`MAX_ACCEPTS_PER_POLL`]
+    /// (so a flood of connects cannot keep the thread from reading): each
+    /// is refused when its peer is not allowed, else pending (pushing out
+    /// the oldest when full).
+    fn accept_all(&mut self, listener: &UnixListener) {
+        for _ in 0..MAX_ACCEPTS_PER_POLL {
+            let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    wait_readable(&self.listener, ACCEPT_POLL_INTERVAL);
-                    continue;
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     log::warn!("{}: accept failed: {e}", self.name);
-                    wait_readable(&self.listener, ACCEPT_POLL_INTERVAL);
+                    return;
+                }
+            };
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let peer = match peer_of(&stream) {
+                Ok(p) => p,
+                Err(e) => {
+                    refuse(
+                        stream,
+                        ErrorCode::Forbidden,
+                        format!("cannot read peer credentials: {e}"),
+                    );
                     continue;
                 }
             };
-            if stream.set_nonblocking(false).is_err() {
-                continue;
-            }
-            // INVARIANT: only this thread increments, so the check and the
-            // increment cannot race past the limit.
-            if active.load(Ordering::SeqCst) >= MAX_SOCKET_HANDLERS {
+            if !self.policy.allows(&peer) {
+                log::warn!(
+                    "refused a local client: uid {} gid {} is not allowed on this socket",
+                    peer.uid,
+                    peer.gid
+                );
                 refuse(
                     stream,
-                    ErrorCode::Busy,
+                    ErrorCode::Forbidden,
                     format!(
-                        "{MAX_SOCKET_HANDLERS} requests are already being handled: retry in a few seconds"
+                        "uid {} with gid {} is not allowed here: run as root or as a member of the socket's group",
+                        peer.uid, peer.gid
                     ),
                 );
                 continue;
             }
-            active.fetch_add(1, Ordering::SeqCst);
-            let guard = ActiveGuard(Arc::clone(&active));
-            let handler = Arc::clone(&handler);
-            let policy = Arc::clone(&policy);
-            let spawned = std::thread::Builder::new()
-                .name(format!("{}-conn", self.name))
-                .spawn(move || {
-                    let _guard = guard;
-                    serve_one(stream, &policy, handler.as_ref());
-                });
-            if let Err(e) = spawned {
-                log::warn!("{}: cannot start a handler thread: {e}", self.name);
+            if self.pending.len() >= MAX_SOCKET_PENDING_CONNECTIONS {
+                if let Some(oldest) = self.take(0) {
+                    refuse(
+                        oldest.stream,
+                        ErrorCode::Busy,
+                        format!(
+                            "{MAX_SOCKET_PENDING_CONNECTIONS} clients are still sending their requests and yours is the oldest: send the request at once after connecting, then retry"
+                        ),
+                    );
+                }
             }
+            self.pending.push_back(Pending {
+                stream,
+                peer,
+                buf: Vec::new(),
+                large: false,
+                deadline: Instant::now() + SOCKET_REQUEST_READ_TIMEOUT,
+            });
+        }
+    }
+
+    /// Removes pending connection `i`, releasing its share of the buffers.
+    fn take(&mut self, i: usize) -> Option<Pending> {
+        let p = self.pending.remove(i)?;
+        if p.large {
+            self.large -= 1;
+            // The place goes to the oldest connection waiting for one.
+            if let Some(next) = self
+                .pending
+                .iter_mut()
+                .find(|q| !q.large && q.buf.len() >= SOCKET_SMALL_REQUEST_BYTES)
+            {
+                next.large = true;
+                self.large += 1;
+            }
+        }
+        Some(p)
+    }
+
+    /// Reads what connection `i` has sent; a complete request goes to a
+    /// handler, a broken or oversize one is answered and closed.
+    fn read_from<H: Handler>(&mut self, i: usize, chunk: &mut [u8], handler: &Arc<H>) {
+        let large_free = self.large < MAX_SOCKET_LARGE_READS;
+        let Some(p) = self.pending.get_mut(i) else {
+            return;
+        };
+        let was_large = p.large;
+        let outcome = loop {
+            match p.stream.read(chunk) {
+                Ok(0) if p.buf.is_empty() => break Some(Err(None)),
+                Ok(0) => break Some(Ok(())),
+                Ok(n) => {
+                    if let Some(at) = chunk[..n].iter().position(|&b| b == b'\n') {
+                        if p.buf.len() + at + 1 > MAX_SOCKET_MESSAGE_BYTES {
+                            break Some(Err(Some(ReadError::TooLarge)));
+                        }
+                        p.buf.extend_from_slice(&chunk[..at]);
+                        break Some(Ok(()));
+                    }
+                    if p.buf.len() + n >= MAX_SOCKET_MESSAGE_BYTES {
+                        break Some(Err(Some(ReadError::TooLarge)));
+                    }
+                    p.buf.extend_from_slice(&chunk[..n]);
+                    if p.buf.len() >= SOCKET_SMALL_REQUEST_BYTES && !p.large {
+                        if !large_free {
+                            // Waits for a place (see `take`).
+                            break None;
+                        }
+                        p.large = true;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => break Some(Err(Some(ReadError::Io(e)))),
+            }
+        };
+        if p.large && !was_large {
+            self.large += 1;
+        }
+        let Some(outcome) = outcome else {
+            return;
+        };
+        let Some(p) = self.take(i) else {
+            return;
+        };
+        match outcome {
+            Ok(()) => self.dispatch(p, handler),
+            Err(Some(ReadError::TooLarge)) => refuse(
+                p.stream,
+                ErrorCode::TooLarge,
+                format!("request is larger than {MAX_SOCKET_MESSAGE_BYTES} bytes"),
+            ),
+            Err(_) => {}
+        }
+    }
+
+    /// Answers connections whose request did not arrive in time.
+    fn expire(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            if self.pending[i].deadline > now {
+                i += 1;
+                continue;
+            }
+            if let Some(p) = self.take(i) {
+                refuse(
+                    p.stream,
+                    ErrorCode::Timeout,
+                    format!(
+                        "no complete request line within {} s: send one JSON object and a newline",
+                        SOCKET_REQUEST_READ_TIMEOUT.as_secs()
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Parses a complete request and starts its handler thread, within its
+    /// class's limit.
+    fn dispatch<H: Handler>(&self, p: Pending, handler: &Arc<H>) {
+        let Pending {
+            stream, peer, buf, ..
+        } = p;
+        let request = match serde_json::from_slice::<H::Request>(&buf) {
+            Ok(r) => r,
+            Err(e) => {
+                return refuse(
+                    stream,
+                    ErrorCode::Invalid,
+                    format!("malformed request: {e}"),
+                )
+            }
+        };
+        drop(buf);
+        let (active, limit, what) = match H::class(&request) {
+            RequestClass::ReadOnly => (&self.read_only, MAX_SOCKET_READ_ONLY_HANDLERS, "read-only"),
+            RequestClass::Mutating => (&self.mutating, MAX_SOCKET_HANDLERS, "mutating"),
+        };
+        // INVARIANT: only this thread increments, so the check and the
+        // increment cannot race past the limit.
+        if active.load(Ordering::SeqCst) >= limit {
+            return refuse(
+                stream,
+                ErrorCode::Busy,
+                format!(
+                    "{limit} {what} requests are already being handled: retry in a few seconds"
+                ),
+            );
+        }
+        if stream.set_nonblocking(false).is_err() {
+            return;
+        }
+        active.fetch_add(1, Ordering::SeqCst);
+        let guard = ActiveGuard(Arc::clone(active));
+        let handler = Arc::clone(handler);
+        let spawned = std::thread::Builder::new()
+            .name(format!("{}-conn", self.name))
+            .spawn(move || {
+                let _guard = guard;
+                respond(stream, handler.handle(request, &peer));
+            });
+        if let Err(e) = spawned {
+            log::warn!("{}: cannot start a handler thread: {e}", self.name);
         }
     }
 }
@@ -302,19 +608,11 @@ impl Drop for ActiveGuard {
     }
 }
 
-fn wait_readable(listener: &UnixListener, timeout: Duration) {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let mut fds = [PollFd::new(listener, PollFlags::IN)];
-    let ts = Timespec {
-        tv_sec: timeout.as_secs() as _,
-        tv_nsec: timeout.subsec_nanos() as _,
-    };
-    let _ = poll(&mut fds, Some(&ts));
-}
-
-/// Writes a refusal and closes, bounded in time.
+/// Writes a refusal and closes, without waiting: it runs on the accept
+/// thread, and a refusal is far smaller than an empty socket buffer (a
+/// client whose buffer is full of unread data gets none).
 fn refuse(mut stream: UnixStream, code: ErrorCode, message: impl AsRef<str>) {
-    let _ = stream.set_write_timeout(Some(RESPONSE_WRITE_TIMEOUT));
+    let _ = stream.set_nonblocking(true);
     let _ = stream.write_all(Reply::error(code, message).as_bytes());
 }
 
@@ -330,61 +628,8 @@ pub fn peer_of(stream: &UnixStream) -> io::Result<Peer> {
     })
 }
 
-fn serve_one<H: Handler>(mut stream: UnixStream, policy: &PeerPolicy, handler: &H) {
-    let peer = match peer_of(&stream) {
-        Ok(p) => p,
-        Err(e) => {
-            refuse(
-                stream,
-                ErrorCode::Forbidden,
-                format!("cannot read peer credentials: {e}"),
-            );
-            return;
-        }
-    };
-    if !policy.allows(&peer) {
-        log::warn!(
-            "refused a local client: uid {} gid {} is not allowed on this socket",
-            peer.uid,
-            peer.gid
-        );
-        refuse(
-            stream,
-            ErrorCode::Forbidden,
-            format!(
-                "uid {} with gid {} is not allowed here: run as root or as a member of the socket's group",
-                peer.uid, peer.gid
-            ),
-        );
-        return;
-    }
-    let line = match read_line(&mut stream, Instant::now() + SOCKET_REQUEST_READ_TIMEOUT) {
-        Ok(line) => line,
-        Err(ReadError::TooLarge) => {
-            refuse(
-                stream,
-                ErrorCode::TooLarge,
-                format!("request is larger than {MAX_SOCKET_MESSAGE_BYTES} bytes"),
-            );
-            return;
-        }
-        Err(ReadError::Timeout) => {
-            refuse(
-                stream,
-                ErrorCode::Timeout,
-                format!(
-                    "no complete request line within {} s: send one JSON object and a newline",
-                    SOCKET_REQUEST_READ_TIMEOUT.as_secs()
-                ),
-            );
-            return;
-        }
-        Err(ReadError::Io(_)) => return,
-    };
-    let reply = match serde_json::from_slice::<H::Request>(&line) {
-        Ok(request) => handler.handle(request, &peer),
-        Err(e) => Reply::error(ErrorCode::Invalid, format!("malformed request: {e}")),
-    };
+/// Writes a handler's reply (capped at the message size), bounded in time.
+fn respond(mut stream: UnixStream, reply: Reply) {
     let reply = if reply.0.len() > MAX_SOCKET_MESSAGE_BYTES {
         Reply::error(
             ErrorCode::Internal,
@@ -407,7 +652,7 @@ enum ReadError {
 /// Reads up to the first newline (or EOF), at most
 /// [`MAX_SOCKET_MESSAGE_BYTES`] including the newline, before `deadline`.
 fn read_line(stream: &mut UnixStream, deadline: Instant) -> Result<Vec<u8>, ReadError> {
-    let mut buf = Vec::with_capacity(4096);
+    let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

@@ -823,14 +823,16 @@ fn seen_attempts_golden() {
         target_version: Some(a.target_version.clone()),
         outcome: AttemptOutcome::Complete,
         at: t(0),
-    });
+    })
+    .expect("new");
     seen.record(SeenAttempt {
         uuid: AttemptUuid::parse("7d3e2f10-9a4b-4c5d-8e6f-a1b2c3d4e5f6").expect("uuid"),
         digest: Sha256Hex::of(b"{\"uuid\":\"7d3e2f10-9a4b-4c5d-8e6f-a1b2c3d4e5f6\"}"),
         target_version: None,
         outcome: AttemptOutcome::Rejected,
         at: t(1_000),
-    });
+    })
+    .expect("new");
     check("seen-attempts", &seen);
     let outcomes: Vec<String> = [
         AttemptOutcome::Forwarded,

@@ -9,8 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{ErrorCode, Response, UpdaterReply, UpdaterRequest};
-use fleet_common::limits::{MAX_SOCKET_HANDLERS, MAX_SOCKET_MESSAGE_BYTES};
-use fleet_common::socket::{self, Handler, Peer, PeerPolicy, Reply, ServerHandle, SocketServer};
+use fleet_common::limits::{
+    MAX_SOCKET_HANDLERS, MAX_SOCKET_MESSAGE_BYTES, MAX_SOCKET_PENDING_CONNECTIONS,
+};
+use fleet_common::socket::{
+    self, Handler, Peer, PeerPolicy, Reply, RequestClass, ServerHandle, SocketServer,
+};
 
 /// Answers `status` with no transaction; `upgrade` blocks until released, so
 /// tests can hold handlers busy.
@@ -21,6 +25,12 @@ struct TestHandler {
 
 impl Handler for TestHandler {
     type Request = UpdaterRequest;
+    fn class(request: &UpdaterRequest) -> RequestClass {
+        match request {
+            UpdaterRequest::Status {} => RequestClass::ReadOnly,
+            UpdaterRequest::Upgrade { .. } => RequestClass::Mutating,
+        }
+    }
     fn handle(&self, request: UpdaterRequest, peer: &Peer) -> Reply {
         if let Ok(mut seen) = self.seen.lock() {
             seen.push(peer.clone());
@@ -183,33 +193,145 @@ fn group_membership_admits_a_peer() {
     assert_eq!(r, Response::Ok(UpdaterReply { status: None }));
 }
 
+fn upgrade_line() -> Vec<u8> {
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/updater-request-upgrade.json"),
+    )
+    .expect("golden");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let mut line = serde_json::to_vec(&v).expect("json");
+    line.push(b'\n');
+    line
+}
+
+fn status_ok(path: &Path) {
+    let started = Instant::now();
+    let r: Response<UpdaterReply> =
+        socket::call(path, &UpdaterRequest::Status {}, Duration::from_secs(5)).expect("call");
+    assert_eq!(r, Response::Ok(UpdaterReply { status: None }));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[test]
-fn the_33rd_concurrent_client_is_busy() {
+fn the_33rd_concurrent_mutating_request_is_busy_and_status_is_not() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_h, path, _handler) = start(dir.path(), allow_me());
-    // 32 clients connect and send nothing: each holds a handler until the
-    // 10 s read deadline.
+    let (_h, path, handler) = start(dir.path(), allow_me());
+    let (tx, rx) = mpsc::channel();
+    *handler.release.lock().expect("lock") = Some(rx);
+    // 32 upgrades, each held by the handler.
     let holders: Vec<UnixStream> = (0..MAX_SOCKET_HANDLERS)
-        .map(|_| UnixStream::connect(&path).expect("connect"))
+        .map(|_| {
+            let mut s = UnixStream::connect(&path).expect("connect");
+            s.write_all(&upgrade_line()).expect("write");
+            s
+        })
         .collect();
-    let answer = raw(&path, b"{\"request\":\"status\"}\n");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while handler.seen.lock().expect("lock").len() < MAX_SOCKET_HANDLERS {
+        assert!(
+            Instant::now() < deadline,
+            "the upgrades never reached the handler"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let answer = raw(&path, &upgrade_line());
     assert_eq!(code_of(&answer), "busy");
     assert!(
-        answer.contains("32 requests are already being handled"),
+        answer.contains("32 mutating requests are already being handled"),
         "{answer}"
     );
+    // `status` does not wait for them.
+    status_ok(&path);
+    drop(tx);
     drop(holders);
-    // Once the holders are gone, the server answers again.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r: Response<UpdaterReply> =
-            socket::call(&path, &UpdaterRequest::Status {}, Duration::from_secs(5)).expect("call");
-        if r == Response::Ok(UpdaterReply { status: None }) {
-            break;
+}
+
+/// Issue 17 item 6: a group member holding 200 connections open (half of
+/// them sending one byte a second, never a newline) does not make `status`
+/// busy, nor slow.
+#[test]
+fn status_stays_answerable_under_200_held_connections_issue_17() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_h, path, _handler) = start(dir.path(), allow_me());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut silent = Vec::new();
+    let mut dripping = Vec::new();
+    for i in 0..200 {
+        let s = UnixStream::connect(&path).expect("connect");
+        if i % 2 == 0 {
+            silent.push(s);
+        } else {
+            dripping.push(s);
         }
-        assert!(Instant::now() < deadline, "server still busy: {r:?}");
-        std::thread::sleep(Duration::from_millis(50));
     }
+    let drip = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for s in &mut dripping {
+                    let _ = s.write_all(b" ");
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        status_ok(&path);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // More connections than the server holds: the oldest are pushed out,
+    // the newcomer is still answered.
+    let extra: Vec<UnixStream> = (0..MAX_SOCKET_PENDING_CONNECTIONS)
+        .map(|_| UnixStream::connect(&path).expect("connect"))
+        .collect();
+    status_ok(&path);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drip.join().expect("drip");
+    drop((silent, extra));
+}
+
+/// Issue 17 item 6: 200 clients each sending a 1 MiB request at once are
+/// all answered (`too-large` or `invalid`), and `status` meanwhile.
+#[test]
+fn two_hundred_large_requests_are_answered_and_status_too_issue_17() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_h, path, _handler) = start(dir.path(), allow_me());
+    let senders: Vec<_> = (0..200)
+        .map(|i| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut big = format!("{{\"request\":\"status\",\"pad\":\"{i}").into_bytes();
+                big.resize(MAX_SOCKET_MESSAGE_BYTES - 3, b'x');
+                big.extend_from_slice(b"\"}\n");
+                code_of(&raw(&path, &big))
+            })
+        })
+        .collect();
+    status_ok(&path);
+    let mut codes = std::collections::BTreeMap::new();
+    for s in senders {
+        let code = s.join().expect("sender");
+        // A request the server could not read within the deadline, while
+        // it buffered others, is answered `timeout`: abuse costs the
+        // abuser, not the server's memory.
+        assert!(
+            ["invalid", "too-large", "timeout"].contains(&code.as_str()),
+            "{code}"
+        );
+        *codes.entry(code).or_insert(0) += 1;
+    }
+    eprintln!("answers: {codes:?}");
+    // Read four at a time, 200 take some 3 s here, far inside the deadline.
+    assert!(
+        codes.get("invalid").copied().unwrap_or(0) >= 100,
+        "{codes:?}"
+    );
+    status_ok(&path);
 }
 
 #[test]

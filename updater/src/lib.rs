@@ -31,6 +31,7 @@ mod oci;
 mod probe;
 mod reclaim;
 mod runas;
+mod seen;
 mod server;
 mod service;
 pub mod setup;

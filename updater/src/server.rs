@@ -4,27 +4,34 @@
 //! An `upgrade` is admitted in this order, each refusal changing nothing:
 //! 1. `quarantined` while the journal is in `rollback-failed`;
 //! 2. a UUID already seen: the same digest answers its status (idempotent),
-//!    another digest is a `conflict`;
+//!    another digest is a `conflict`; a UUID whose journal record is gone but
+//!    whose binding is kept (`seen`) is a `conflict` either way (it ran);
 //! 3. `busy` while another upgrade or a recovery holds the mutator;
 //! 4. `frozen` while the agent's persisted change freeze is on (or unreadable);
 //! 5. `invalid` for another architecture;
-//! 6. `refused` when the active link is not an installed versioned agent.
+//! 6. `refused` when the active link is not an installed versioned agent;
+//! 7. `refused` when the attempt cannot be bound to its digest (the
+//!    bindings are full or unreadable); once its transaction began, the
+//!    binding is written (see `seen`).
 //!
 //! It then runs preparation and probe on the request's own thread and
 //! answers when they end; after a successful probe it records `activating`,
 //! hands the mutator to the `updater-cutover` thread and answers
 //! (`stopping`) while the cutover proceeds.
 
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 
+use fleet_common::contracts::BindError;
 use fleet_common::contracts::{
     AgentUpgradeAttempt, ErrorBody, ErrorCode, Journal, JournalPhase, Response, UpdaterReply,
     UpdaterRequest,
 };
-use fleet_common::socket::{Handler, Peer, Reply};
-use fleet_common::validate::{Arch, Sha256Hex};
+use fleet_common::limits::MAX_REMEMBERED_ATTEMPTS;
+use fleet_common::socket::{Handler, Peer, Reply, RequestClass};
+use fleet_common::validate::{Arch, AttemptUuid, Sha256Hex};
 
 use crate::freeze;
+use crate::seen::{BindingError, BindingStore};
 use crate::state::{Mutator, Shared};
 use crate::status::{self, StatusInfo};
 use crate::transaction::{self, Context, Prepared};
@@ -37,11 +44,86 @@ pub struct UpdaterHandler {
     shared: Arc<Shared>,
     ctx: Arc<Context>,
     info: StatusInfo,
+    /// Every attempt's binding; an unreadable record refuses every upgrade.
+    /// Changed only under the mutator.
+    bindings: Mutex<Result<BindingStore, String>>,
 }
 
 impl UpdaterHandler {
     pub fn new(shared: Arc<Shared>, ctx: Arc<Context>, info: StatusInfo) -> Self {
-        Self { shared, ctx, info }
+        let bindings = BindingStore::load(&ctx.layout, &shared.snapshot().journal).map_err(|e| {
+            log::error!("{e}");
+            e.to_string()
+        });
+        Self {
+            shared,
+            ctx,
+            info,
+            bindings: Mutex::new(bindings),
+        }
+    }
+
+    /// What the kept bindings say of an attempt the journal no longer
+    /// holds: `None` when it was never started.
+    fn by_binding(&self, attempt: &AgentUpgradeAttempt, digest: &Sha256Hex) -> Option<Reply> {
+        let guard = self.bindings.lock().unwrap_or_else(PoisonError::into_inner);
+        let store = match &*guard {
+            Ok(s) => s,
+            Err(why) => return Some(Self::error(ErrorCode::Refused, why)),
+        };
+        let earlier = store.digest_of(&attempt.uuid)?;
+        Some(if earlier != digest {
+            Self::error(
+                ErrorCode::Conflict,
+                format!(
+                    "attempt {} was seen before with digest {earlier}, this one has digest {digest}: one UUID names one attempt; write a new attempt with a new UUID",
+                    attempt.uuid
+                ),
+            )
+        } else {
+            Self::error(
+                ErrorCode::Conflict,
+                format!(
+                    "attempt {} ran here before; its outcome is no longer kept (only the latest {MAX_REMEMBERED_ATTEMPTS} are) and it does not run twice: write a new attempt with a new UUID",
+                    attempt.uuid
+                ),
+            )
+        })
+    }
+
+    /// Refuses an attempt that cannot be bound (before its transaction
+    /// begins).
+    fn check_binding(
+        &self,
+        attempt: &AgentUpgradeAttempt,
+        digest: &Sha256Hex,
+    ) -> Result<(), Reply> {
+        let guard = self.bindings.lock().unwrap_or_else(PoisonError::into_inner);
+        let store = match &*guard {
+            Ok(s) => s,
+            Err(why) => return Err(Self::error(ErrorCode::Refused, why.as_str())),
+        };
+        store.check(&attempt.uuid, digest).map_err(|e| {
+            log::error!(attempt = attempt.uuid.to_string().as_str(); "refused: {e}");
+            let code = match e {
+                BindingError::Bind(BindError::Conflict { .. }) => ErrorCode::Conflict,
+                BindingError::Bind(BindError::Full) => ErrorCode::Refused,
+                BindingError::Unreadable { .. } | BindingError::Write { .. } => ErrorCode::Internal,
+            };
+            Self::error(code, format!("{e}; the attempt did not start"))
+        })
+    }
+
+    /// Binds an attempt whose transaction began. A failed write is logged:
+    /// the journal holds the attempt, and the binding is written from it at
+    /// the next start (or with the next binding written).
+    fn bind(&self, uuid: &AttemptUuid, digest: &Sha256Hex) {
+        let mut guard = self.bindings.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Ok(store) = &mut *guard {
+            if let Err(e) = store.bind(uuid, digest) {
+                log::error!(attempt = uuid.to_string().as_str(); "{e}; the journal holds the attempt and binds it again at the next start");
+            }
+        }
     }
 
     fn status(&self) -> Reply {
@@ -86,7 +168,9 @@ impl UpdaterHandler {
                     .find(|f| f.uuid == attempt.uuid)
                     .map(|f| (f.digest.clone(), Some(status::finished(f))))
             });
-        let (seen_digest, finished) = seen?;
+        let Some((seen_digest, finished)) = seen else {
+            return self.by_binding(attempt, digest);
+        };
         if &seen_digest != digest {
             return Some(Self::error(
                 ErrorCode::Conflict,
@@ -159,6 +243,10 @@ impl UpdaterHandler {
                 return Self::error(ErrorCode::Refused, why);
             }
         };
+        if let Err(r) = self.check_binding(&attempt, &digest) {
+            return r;
+        }
+        let attempt_uuid = attempt.uuid;
         if let Err(e) = transaction::begin(&mut m, &self.ctx.layout, attempt, previous) {
             log::error!(attempt = uuid.as_str(); "{e}");
             return Self::error(
@@ -166,6 +254,7 @@ impl UpdaterHandler {
                 format!("cannot record the attempt, so it did not start: {e}"),
             );
         }
+        self.bind(&attempt_uuid, &digest);
         match transaction::prepare(&mut m, &self.ctx) {
             Prepared::Failed | Prepared::AlreadyActive => settle_in_background(m, &self.ctx),
             Prepared::Probed => {
@@ -225,6 +314,13 @@ fn settle_in_background(mut m: Mutator, ctx: &Arc<Context>) {
 
 impl Handler for UpdaterHandler {
     type Request = UpdaterRequest;
+
+    fn class(request: &UpdaterRequest) -> RequestClass {
+        match request {
+            UpdaterRequest::Status {} => RequestClass::ReadOnly,
+            UpdaterRequest::Upgrade { .. } => RequestClass::Mutating,
+        }
+    }
 
     fn handle(&self, request: UpdaterRequest, peer: &Peer) -> Reply {
         match request {

@@ -299,23 +299,19 @@ fn a_candidate_that_crashes_at_start_is_rolled_back() {
 }
 
 #[test]
-fn thirty_three_concurrent_clients() {
+fn held_connections_do_not_make_status_busy() {
     let b = bench();
     let path = b.device.layout.updater_socket();
-    // 32 clients hold every handler (each waits for its request line).
-    let held: Vec<UnixStream> = (0..32)
+    // More clients than the server holds while they send their request,
+    // each sending nothing (issue 17 item 6: 32 were enough to make every
+    // `status` busy). The oldest are pushed out; `status` is answered.
+    let held: Vec<UnixStream> = (0..300)
         .map(|_| UnixStream::connect(&path).expect("connect"))
         .collect();
     let answer = b.device.raw(b"{\"request\":\"status\"}\n");
-    b.assert_refused(
-        &answer,
-        ErrorCode::Busy,
-        "32 requests are already being handled",
-    );
+    assert!(answer.contains("\"ok\":true"), "{answer}");
     drop(held);
-    fleet_harness::poll_until("handlers freed", support::SETTLE, || {
-        b.device.try_status().ok()
-    });
+    b.device.try_status().expect("status");
 }
 
 #[test]

@@ -457,3 +457,59 @@ fn status_reads_the_journal_when_the_updater_is_down() {
         "{note}"
     );
 }
+
+/// Issue 17 item 2: the UUID binding outlives the journal's window of
+/// finished attempts. An attempt fails, 70 others finish after it (more than
+/// `MAX_REMEMBERED_ATTEMPTS`), then its UUID comes back with other content
+/// (a v4.0 that would install and probe fine): refused as a conflict, nothing
+/// downloaded or installed, also after a restart of the updater.
+#[test]
+fn a_uuid_stays_bound_after_70_later_attempts_issue_17() {
+    let v4 = StandIn::good("4.0");
+    let (_ca, server, device) = setup(&v4);
+    server.route("/gone", Behavior::Status(404));
+    let updater = device.start_updater();
+    let gone = |version: &str| attempt(&server.url("/gone"), &StandIn::good(version));
+    let first = gone("2.0");
+    assert_eq!(device.upgrade_ok(&first).phase, UpgradePhase::Failed);
+    for n in 0..70 {
+        let a = gone(&format!("3.{n}"));
+        assert_eq!(
+            device.upgrade_ok(&a).phase,
+            UpgradePhase::Failed,
+            "attempt {n}"
+        );
+    }
+    assert!(
+        device
+            .journal()
+            .finished
+            .iter()
+            .all(|f| f.uuid != first.uuid),
+        "the journal's window no longer holds the first attempt"
+    );
+    let mut reused = attempt(&server.url("/agent"), &v4);
+    reused.uuid = first.uuid;
+    let downloads = server.requests().len();
+    let check = || {
+        let e = refused(device.upgrade(&reused));
+        assert_eq!(e.code, ErrorCode::Conflict, "{e}");
+        assert!(
+            e.message.as_str().contains(&format!(
+                "attempt {} was seen before with digest {}",
+                first.uuid,
+                first.digest()
+            )),
+            "{e}"
+        );
+        // The same content again is not run twice either.
+        assert_eq!(refused(device.upgrade(&first)).code, ErrorCode::Conflict);
+        assert_eq!(server.requests().len(), downloads, "nothing downloaded");
+        assert!(!device.binary("4.0").exists(), "nothing installed");
+        device.assert_only_agent("1.0");
+    };
+    check();
+    drop(updater);
+    let _updater = device.start_updater();
+    check();
+}

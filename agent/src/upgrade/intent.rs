@@ -8,7 +8,7 @@
 use std::fmt;
 
 use fleet_common::contracts::{AgentUpgradeAttempt, AttemptOutcome, SeenAttempts};
-use fleet_common::limits::MAX_KV_VALUE_BYTES;
+use fleet_common::limits::{MAX_BOUND_ATTEMPTS, MAX_KV_VALUE_BYTES};
 use fleet_common::validate::{Arch, AttemptUuid, DeviceId, Sha256Hex, Version};
 
 /// Why the agent refuses an intent.
@@ -128,11 +128,24 @@ pub enum Verdict {
     Forwarded,
     /// Seen and ended (or rejected): never again.
     Ended(AttemptOutcome),
+    /// Seen long ago, only its binding is left (its full record made room
+    /// for later ones): it ended, never again.
+    EndedLongAgo,
+    /// Never seen, but the device has bound as many attempts as it keeps:
+    /// refused (a binding is never forgotten to make room).
+    Full,
 }
 
 pub fn verdict(seen: &SeenAttempts, uuid: &AttemptUuid, digest: &Sha256Hex) -> Verdict {
     match seen.find(uuid) {
-        None => Verdict::New,
+        None => match seen.bound_digest(uuid) {
+            None if seen.bound.len() >= MAX_BOUND_ATTEMPTS => Verdict::Full,
+            None => Verdict::New,
+            Some(earlier) if earlier != digest => Verdict::Conflict {
+                earlier: earlier.clone(),
+            },
+            Some(_) => Verdict::EndedLongAgo,
+        },
         Some(s) if &s.digest != digest => Verdict::Conflict {
             earlier: s.digest.clone(),
         },
@@ -277,7 +290,7 @@ mod tests {
             outcome,
             at: Timestamp::from_unix_millis(0),
         };
-        seen.record(record(AttemptOutcome::Forwarded));
+        seen.record(record(AttemptOutcome::Forwarded)).expect("new");
         assert_eq!(verdict(&seen, &a.uuid, &a.digest()), Verdict::Forwarded);
         let other = Sha256Hex::of(b"other content");
         assert_eq!(
@@ -292,7 +305,7 @@ mod tests {
             AttemptOutcome::RollbackFailed,
             AttemptOutcome::Rejected,
         ] {
-            seen.record(record(outcome));
+            seen.record(record(outcome)).expect("same digest");
             assert_eq!(
                 verdict(&seen, &a.uuid, &a.digest()),
                 Verdict::Ended(outcome)
@@ -302,5 +315,38 @@ mod tests {
             conflict_message(&a.uuid, &a.digest(), &other),
             format!("attempt 0f6e4c1a-6d0b-4c39-9b64-3f1d2a7e5c10 was seen before with digest {}, and this content has digest {other}: one UUID names one attempt; write a new attempt with a new UUID", a.digest())
         );
+    }
+
+    /// Issue 17 item 2: 70 other attempts later (more than the full records
+    /// kept), the first UUID with another digest is still a conflict, and
+    /// with its own digest it is still ended.
+    #[test]
+    fn the_binding_outlives_the_full_records_issue_17() {
+        let a = attempt();
+        let mut seen = SeenAttempts::default();
+        let record = |uuid, digest| SeenAttempt {
+            uuid,
+            digest,
+            target_version: None,
+            outcome: AttemptOutcome::Failed,
+            at: Timestamp::from_unix_millis(0),
+        };
+        seen.record(record(a.uuid, a.digest())).expect("new");
+        for n in 0..70u32 {
+            seen.record(record(
+                AttemptUuid::new_random(),
+                Sha256Hex::of(&n.to_be_bytes()),
+            ))
+            .expect("new");
+        }
+        assert_eq!(seen.find(&a.uuid), None, "the full record made room");
+        let other = Sha256Hex::of(b"v4.0 content");
+        assert_eq!(
+            verdict(&seen, &a.uuid, &other),
+            Verdict::Conflict {
+                earlier: a.digest()
+            }
+        );
+        assert_eq!(verdict(&seen, &a.uuid, &a.digest()), Verdict::EndedLongAgo);
     }
 }

@@ -1,5 +1,8 @@
 //! The persisted record of attempts seen ([`SeenAttempts`] at
-//! `Layout::seen_attempts()`): loaded at start, rewritten durably (temp
+//! `Layout::seen_attempts()`): the latest attempts in full and the uuid →
+//! digest binding of every attempt ever seen (seed 002: a UUID reused with
+//! other content is refused, with no window; up to `MAX_BOUND_ATTEMPTS`,
+//! where new attempts are refused). Loaded at start, rewritten durably (temp
 //! file, fsync, rename, directory fsync) at every change. A missing file is
 //! an empty record. A file that cannot be read or understood is logged and
 //! replaced by an empty record: the updater refuses a reused UUID on its
@@ -9,7 +12,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use fleet_common::contracts::{AttemptOutcome, SeenAttempt, SeenAttempts};
+use fleet_common::contracts::{AttemptOutcome, BindError, SeenAttempt, SeenAttempts};
 use fleet_common::durable::{self, DurableError};
 use fleet_common::limits::MAX_STATE_FILE_BYTES;
 use fleet_common::validate::{AttemptUuid, Sha256Hex, Version};
@@ -18,13 +21,21 @@ use fleet_common::{Layout, Timestamp};
 /// Owner read-write, group read (an operator in the agent's group may look).
 const FILE_MODE: u32 = 0o640;
 
-/// The record could not be written.
+/// The record could not be changed or written.
 #[derive(Debug)]
-pub struct SeenWriteError(DurableError);
+pub enum SeenWriteError {
+    /// The UUID is bound to another digest, or the bindings are full;
+    /// nothing changed.
+    Bind(BindError),
+    Write(DurableError),
+}
 
 impl fmt::Display for SeenWriteError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "recording the attempts seen: {}", self.0)
+        match self {
+            Self::Bind(e) => write!(f, "recording the attempts seen: {e}"),
+            Self::Write(e) => write!(f, "recording the attempts seen: {e}"),
+        }
     }
 }
 
@@ -43,7 +54,10 @@ impl SeenStore {
     pub fn load(layout: &Layout) -> Self {
         let path = layout.seen_attempts();
         let seen = match read(&path) {
-            Ok(s) => s,
+            Ok(mut s) => {
+                s.bind_remembered();
+                s
+            }
             Err(why) => {
                 log::error!("{why}; starting with an empty record (the updater still refuses a reused UUID)");
                 SeenAttempts::default()
@@ -64,16 +78,19 @@ impl SeenStore {
         target_version: Option<Version>,
         outcome: AttemptOutcome,
     ) -> Result<(), SeenWriteError> {
-        self.seen.record(SeenAttempt {
-            uuid,
-            digest,
-            target_version,
-            outcome,
-            at: Timestamp::now(),
-        });
-        let mut bytes = serde_json::to_vec_pretty(&self.seen).unwrap_or_default();
+        self.seen
+            .record(SeenAttempt {
+                uuid,
+                digest,
+                target_version,
+                outcome,
+                at: Timestamp::now(),
+            })
+            .map_err(SeenWriteError::Bind)?;
+        // Compact: up to MAX_BOUND_ATTEMPTS bindings, about 1 MiB when full.
+        let mut bytes = serde_json::to_vec(&self.seen).unwrap_or_default();
         bytes.push(b'\n');
-        durable::write_atomic(&self.path, &bytes, FILE_MODE).map_err(SeenWriteError)
+        durable::write_atomic(&self.path, &bytes, FILE_MODE).map_err(SeenWriteError::Write)
     }
 
     /// Records that `uuid`'s transaction ended in `outcome`, keeping its digest
@@ -153,7 +170,7 @@ mod tests {
         );
         assert_eq!(again.attempts().attempts.len(), 1);
         let text = std::fs::read_to_string(layout.seen_attempts()).expect("file");
-        assert!(text.contains("\"outcome\": \"complete\""), "{text}");
+        assert!(text.contains("\"outcome\":\"complete\""), "{text}");
     }
 
     #[test]
@@ -184,5 +201,46 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    /// Issue 17 item 2: an attempt, then 70 others; after a restart the
+    /// first UUID is still bound to its digest, so other content under it is
+    /// refused (and nothing is recorded).
+    #[test]
+    fn the_first_binding_survives_70_attempts_and_a_restart_issue_17() {
+        let (_dir, layout) = layout();
+        let mut s = SeenStore::load(&layout);
+        let first = AttemptUuid::new_random();
+        let digest = Sha256Hex::of(b"first");
+        s.record(first, digest.clone(), None, AttemptOutcome::Forwarded)
+            .expect("record");
+        s.end(&first, AttemptOutcome::Failed).expect("end");
+        for n in 0..70u32 {
+            s.record(
+                AttemptUuid::new_random(),
+                Sha256Hex::of(&n.to_be_bytes()),
+                None,
+                AttemptOutcome::Complete,
+            )
+            .expect("record");
+        }
+        let mut again = SeenStore::load(&layout);
+        assert_eq!(again.attempts().find(&first), None, "full record gone");
+        assert_eq!(again.attempts().bound_digest(&first), Some(&digest));
+        let other = Sha256Hex::of(b"v4.0");
+        assert_eq!(
+            crate::upgrade::intent::verdict(again.attempts(), &first, &other),
+            crate::upgrade::intent::Verdict::Conflict {
+                earlier: digest.clone()
+            }
+        );
+        let e = again
+            .record(first, other, None, AttemptOutcome::Forwarded)
+            .expect_err("refused");
+        assert!(
+            matches!(e, SeenWriteError::Bind(BindError::Conflict { ref earlier }) if *earlier == digest),
+            "{e}"
+        );
+        assert_eq!(again.attempts().bound.len(), 71);
     }
 }

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{
-    AgentUpgradeAttempt, AttemptOutcome, ErrorCode, Response, UpdaterReply, UpgradePhase,
-    UpgradeReason, UpgradeStatus,
+    AgentUpgradeAttempt, AttemptOutcome, BindError, ErrorCode, Response, UpdaterReply,
+    UpgradePhase, UpgradeReason, UpgradeStatus,
 };
 use fleet_common::limits::{NATS_REQUEST_TIMEOUT, SOCKET_STATUS_RESPONSE_TIMEOUT};
 use fleet_common::socket::ClientError;
@@ -285,6 +285,20 @@ impl Worker {
             Verdict::Ended(outcome) => {
                 log::debug!(attempt = uuid.as_str(); "already {outcome}; not forwarded again");
             }
+            Verdict::EndedLongAgo => {
+                log::debug!(attempt = uuid.as_str(); "seen long ago; not forwarded again");
+            }
+            Verdict::Full => {
+                let why = BindError::Full.to_string();
+                log::error!(attempt = uuid.as_str(); "refused: {why}");
+                self.publish_refusal(
+                    attempt.uuid,
+                    digest,
+                    attempt.target_version,
+                    UpgradeReason::Rejected,
+                    why,
+                );
+            }
             Verdict::Forwarded => {
                 log::info!(attempt = uuid.as_str(); "forwarded before this start; following it again");
                 self.track(attempt, digest, Call::NotSent);
@@ -310,7 +324,7 @@ impl Worker {
         };
         let label = Self::attempt_label(&uuid);
         match intent::verdict(self.s.seen.attempts(), &uuid, &r.digest) {
-            Verdict::Ended(_) => {
+            Verdict::Ended(_) | Verdict::EndedLongAgo => {
                 log::debug!(attempt = label.as_str(); "refused before: {}", r.rule);
                 return;
             }
@@ -319,7 +333,7 @@ impl Worker {
                 log::error!(attempt = label.as_str(); "refused: {why}");
                 return self.publish_refusal(uuid, r.digest, version, UpgradeReason::Conflict, why);
             }
-            Verdict::New | Verdict::Forwarded => {}
+            Verdict::New | Verdict::Forwarded | Verdict::Full => {}
         }
         log::error!(attempt = label.as_str(); "refused: {}", r.rule);
         if let Err(e) = self.s.seen.record(

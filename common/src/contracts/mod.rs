@@ -34,7 +34,9 @@ pub use oci::{
     OCI_EMPTY_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
 };
 pub use release::{Release, ReleaseArtifact, ReleaseArtifacts, ReleaseError};
-pub use seen::{AttemptOutcome, SeenAttempt, SeenAttempts};
+pub use seen::{
+    AttemptBinding, AttemptBindings, AttemptOutcome, BindError, SeenAttempt, SeenAttempts,
+};
 pub use selftest::{SelfTestCheck, SelfTestReport};
 pub use status::{StatusTransition, UpgradePhase, UpgradeReason, UpgradeStatus};
 pub use workload::{
