@@ -525,7 +525,7 @@ fn no_snapshot_and_a_lost_server_refuse_the_freeze() {
     let admin = nats.admin();
     let deleted = admin
         .request_timeout(
-            "$JS.API.STREAM.DELETE.KV_fleet-desired",
+            "$JS.API.STREAM.DELETE.KV_fleet-workloads",
             "",
             Duration::from_secs(10),
         )
@@ -554,8 +554,10 @@ fn no_snapshot_and_a_lost_server_refuse_the_freeze() {
     assert!(dev.notify.find("READY=1").is_none());
 
     // The bucket is back: READY, and a freeze would be accepted.
-    let desired = &FLEET_BUCKETS[0];
-    assert_eq!(desired.bucket, "fleet-desired");
+    let desired = FLEET_BUCKETS
+        .iter()
+        .find(|b| b.bucket == "fleet-workloads")
+        .expect("the desired-workloads bucket");
     admin
         .request_timeout(
             &stream_create_subject(desired.bucket),
@@ -566,8 +568,8 @@ fn no_snapshot_and_a_lost_server_refuse_the_freeze() {
     dev.wait_ready(&mut agent);
     wait_freezable(&dev);
 
-    // The server stops: disconnected (and, once the consumer is given up,
-    // no snapshot either).
+    // The server stops: disconnected (and no snapshot either, until the
+    // keys are read again after the reconnect).
     // (Within the window a freeze would still be accepted: wait past it.)
     nats.stop();
     poll_until("disconnected past the window", CONVERGE, || {

@@ -36,6 +36,10 @@ impl Setup {
     }
 
     fn start_callout() -> Setup {
+        Setup::start_callout_with(json!({}))
+    }
+
+    fn start_callout_with(config: serde_json::Value) -> Setup {
         let idp = Idp::start();
         for d in ["dev1", "dev2"] {
             idp.add_client(
@@ -45,7 +49,7 @@ impl Setup {
                 Duration::from_secs(600),
             );
         }
-        let callout = CalloutNats::start(&idp, json!({}));
+        let callout = CalloutNats::start(&idp, config);
         Setup::Callout {
             idp: Box::new(idp),
             callout,
@@ -436,6 +440,30 @@ fn device_reads_only_its_own_keys_without_consumers_2_9() {
 #[test]
 fn device_reads_only_its_own_keys_without_consumers_2_14() {
     device_reads_only_its_own_keys_without_consumers(&Setup::start(NatsVersion::V2_14));
+}
+
+/// Generation 1 retired (`legacy_devices: false`): a device reads through
+/// Direct Get, and may no longer create a consumer nor listen on deliver
+/// subjects.
+#[test]
+fn without_legacy_devices_a_device_has_no_consumer_permissions() {
+    let setup = Setup::start_callout_with(json!({"legacy_devices": false}));
+    device_reads_only_its_own_keys_without_consumers(&setup);
+    let a = Dev::connect(&setup, "dev1");
+    let (subject, reply) = a.create(
+        "fleet-desired",
+        "own",
+        "$KV.fleet-desired.dev1.>",
+        "$KV.fleet-desired.dev1.>",
+        "deliver.dev1.own",
+    );
+    a.violation("Publish", &subject);
+    assert!(reply.is_none());
+    let _sub = a
+        .conn
+        .subscribe("deliver.dev1.own")
+        .expect("subscribe is sent");
+    a.violation("Subscription", "deliver.dev1.own");
 }
 
 #[test]

@@ -17,7 +17,6 @@ use std::fmt;
 use std::time::Instant;
 
 use fleet_common::callout::{AuthRequestClaims, AuthResponseClaims, UserClaims};
-use fleet_common::subjects::DeviceProtocols;
 use fleet_common::validate::DeviceId;
 
 use crate::jwks::JwksCache;
@@ -166,7 +165,7 @@ impl Callout {
                     &issuer,
                     now_unix,
                     *expires,
-                    DeviceProtocols::WithLegacy,
+                    self.policy.device_protocols,
                 );
                 natsjwt::encode(user, &self.signer).and_then(|user_jwt| {
                     natsjwt::encode(

@@ -11,6 +11,7 @@
 //!   "jwks_min_refetch_secs": 30,
 //!   "jwks_max_age_secs": 3600,
 //!   "max_user_lifetime_secs": 86400,
+//!   "legacy_devices": true,
 //!   "https_ca_file": null,
 //!   "nats_url": "nats://127.0.0.1:4222",
 //!   "nats_user": "auth-callout",
@@ -28,6 +29,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use fleet_common::subjects::DeviceProtocols;
 
 use fleet_common::callout::DEFAULT_DEVICE_CLAIM;
 use fleet_common::nats_config::CALLOUT_USER;
@@ -84,6 +87,8 @@ struct RawConfig {
     jwks_max_age_secs: Option<u64>,
     #[serde(default)]
     max_user_lifetime_secs: Option<u64>,
+    #[serde(default)]
+    legacy_devices: Option<bool>,
     #[serde(default)]
     https_ca_file: Option<PathBuf>,
     nats_url: String,
@@ -285,6 +290,11 @@ impl Config {
                 clock_skew_secs: i64::try_from(skew).unwrap_or(0),
                 max_user_lifetime_secs: i64::try_from(max_user_lifetime)
                     .unwrap_or(DEFAULT_MAX_USER_LIFETIME_SECS as i64),
+                device_protocols: if raw.legacy_devices.unwrap_or(true) {
+                    DeviceProtocols::WithLegacy
+                } else {
+                    DeviceProtocols::Current
+                },
             },
             jwks_url: raw.jwks_url,
             jwks_min_refetch: Duration::from_secs(min_refetch),
@@ -321,6 +331,18 @@ mod tests {
         Config::from_json(&v.to_string())
             .expect_err("refused")
             .to_string()
+    }
+
+    #[test]
+    fn legacy_devices_are_served_until_turned_off() {
+        let c = Config::from_json(&minimal().to_string()).expect("valid");
+        assert_eq!(c.policy.device_protocols, DeviceProtocols::WithLegacy);
+        let mut v = minimal();
+        v["legacy_devices"] = json!(false);
+        let c = Config::from_json(&v.to_string()).expect("valid");
+        assert_eq!(c.policy.device_protocols, DeviceProtocols::Current);
+        let e = refuse(|v| v["legacy_devices"] = json!("no"));
+        assert!(e.contains("expected a boolean"), "{e}");
     }
 
     #[test]

@@ -76,6 +76,9 @@ pub struct BearerPolicy {
     /// a token expiring later is admitted for this long only (see
     /// `Callout::decide`).
     pub max_user_lifetime_secs: i64,
+    /// Which device protocols the granted permissions serve (generation 1,
+    /// agent 0.1.0, too until it is retired: README "Mixed fleets").
+    pub device_protocols: fleet_common::subjects::DeviceProtocols,
 }
 
 /// A verified bearer token: the device it proves and when it expires.
@@ -432,6 +435,7 @@ pub(crate) mod tests {
             device_claim: "device_id".into(),
             clock_skew_secs: 60,
             max_user_lifetime_secs: 86_400,
+            device_protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
         }
     }
 

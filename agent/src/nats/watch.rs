@@ -389,6 +389,9 @@ impl Watcher {
                 return Ended::Restart("NATS reconnected".to_owned());
             }
             let resync = status.resync.swap(false, Ordering::SeqCst);
+            if resync {
+                log::info!(bucket = bucket, key = self.key; "a new snapshot was asked for; reading the key again");
+            }
             let now = Instant::now();
             if resync || now >= next_check {
                 let origin = if resync {
