@@ -78,6 +78,13 @@ if [[ ! -x $NATS_NEW ]]; then
 fi
 
 command -v rustup >/dev/null 2>&1 || { echo "deps: rustup is missing: install it (https://rustup.rs) and run make deps again" >&2; exit 1; }
+# The toolchain of rust-toolchain.toml, with its components and targets
+# (nothing to do when installed).
+if ! out=$(rustup toolchain install 2>&1); then
+  echo "$out" >&2
+  echo "deps: cannot install the toolchain of rust-toolchain.toml" >&2
+  exit 1
+fi
 installed=$(rustup target list --installed)
 for t in "${RUST_TARGETS[@]}"; do
   grep -qx "$t" <<<"$installed" || { echo "deps: adding Rust target $t"; rustup target add "$t" >/dev/null; }
