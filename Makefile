@@ -40,7 +40,7 @@ export AR_aarch64_unknown_linux_musl := aarch64-linux-gnu-ar
 DESTDIR ?=
 PREFIX ?= /usr/local
 
-.PHONY: all help deps lint build test test-systemd test-unit demo bench bench-profiles clean \
+.PHONY: all help deps fresh-machine lint build test test-systemd test-unit demo bench bench-profiles clean \
 	release release-device device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
 
 all: build
@@ -105,6 +105,10 @@ test-systemd: build test-agents
 	@status=0; $(CARGO) test -p fleet-e2e-systemd --features fleet-updater/fault-injection || status=$$?; \
 	if [ -f $(E2E_MATRIX) ]; then echo; cat $(E2E_MATRIX); fi; \
 	exit $$status
+
+## fresh-machine: (root, ~15 min, not in test) make deps in a clean Debian 12 chroot with a fresh rustup, then ring built for every cross target.
+fresh-machine:
+	@bash scripts/fresh-machine.sh
 
 ## demo: one demo device against a local nats-server (Ctrl-C stops and cleans up).
 demo: deps build
