@@ -37,10 +37,11 @@ const FLEETCTL_FILES: &[(&str, u32)] = &[
     ("/usr/share/doc/harmony-fleetctl/copyright", 0o644),
 ];
 
-/// The device package's symlinks: path → target.
+/// The device package's symlinks: path → target (relative, as Debian
+/// policy and rpmlint want them within /usr).
 const DEVICE_LINKS: &[(&str, &str)] = &[(
     "/usr/sbin/fleet-updater",
-    "/usr/lib/harmony-fleet/fleet-updater",
+    "../lib/harmony-fleet/fleet-updater",
 )];
 
 /// Files (not directories) by path → mode; every entry owned root:root and
