@@ -108,7 +108,11 @@ impl Build {
         match self {
             Build::Shipped => row,
             Build::Glibc => {
-                let target = format!("— ({})", row.target);
+                let target = match row.verdict {
+                    // Already context: its target text says so.
+                    Verdict::Info | Verdict::Todo => row.target.clone(),
+                    Verdict::Pass | Verdict::Fail => format!("— ({})", row.target),
+                };
                 let mut row = row.target(target, Verdict::Info);
                 row.figure = format!("{}, {}", row.figure, self.label());
                 row
@@ -189,4 +193,23 @@ pub fn size_rows() -> Vec<Row> {
                 ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_glibc_builds_rows_are_context_and_the_shipped_keep_their_target() {
+        let row = || Row::new("updater RSS, idle").target("≤ 2 MiB", Verdict::Fail);
+        let shipped = Build::Shipped.row(row());
+        assert_eq!(shipped.verdict, Verdict::Fail);
+        assert_eq!(shipped.target, "≤ 2 MiB");
+        let glibc = Build::Glibc.row(row());
+        assert_eq!(glibc.verdict, Verdict::Info);
+        assert_eq!(glibc.target, "— (≤ 2 MiB)");
+        assert_eq!(glibc.figure, "updater RSS, idle, glibc build");
+        let info = Build::Glibc.row(Row::new("x").target("— (20 workloads)", Verdict::Info));
+        assert_eq!(info.target, "— (20 workloads)");
+    }
 }
