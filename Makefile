@@ -6,19 +6,33 @@ CARGO ?= cargo
 # Packaging: ARCH is amd64, arm64 or armhf (Debian names; rpm gets x86_64,
 # aarch64, armv7hl). Cross builds use Debian's gcc-aarch64-linux-gnu and
 # gcc-arm-linux-gnueabihf (make deps); .cargo/config.toml names the linkers.
+# The device daemons (fleet-agent, fleet-updater) of amd64 and arm64 are
+# static musl builds (DEVICE_TRIPLE); armhf's stay on glibc, as Rust's
+# armv7 musl target cannot be installed here. fleetctl is dynamic (TRIPLE).
 ARCH ?= amd64
 ARCHES := amd64 arm64 armhf
 TRIPLE_amd64 := x86_64-unknown-linux-gnu
 TRIPLE_arm64 := aarch64-unknown-linux-gnu
 TRIPLE_armhf := armv7-unknown-linux-gnueabihf
 TRIPLE = $(or $(TRIPLE_$(ARCH)),$(error ARCH must be one of $(ARCHES), not "$(ARCH)"))
+DEVICE_TRIPLE_amd64 := x86_64-unknown-linux-musl
+DEVICE_TRIPLE_arm64 := aarch64-unknown-linux-musl
+DEVICE_TRIPLE_armhf := armv7-unknown-linux-gnueabihf
+DEVICE_TRIPLE = $(or $(DEVICE_TRIPLE_$(ARCH)),$(error ARCH must be one of $(ARCHES), not "$(ARCH)"))
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 BIN_DIR = $(TARGET_DIR)/$(TRIPLE)/release
-# ring's C and assembly: cc-rs would guess these too; say them.
+DEVICE_BIN_DIR = $(TARGET_DIR)/$(DEVICE_TRIPLE)/release
+# ring's C and assembly: cc-rs would guess the gnu ones too; say them. The
+# musl targets have no cross gcc of their own: ring's C needs no libc
+# headers, so the host cc and Debian's aarch64 glibc cross gcc build it.
 export CC_aarch64_unknown_linux_gnu := aarch64-linux-gnu-gcc
 export AR_aarch64_unknown_linux_gnu := aarch64-linux-gnu-ar
 export CC_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-gcc
 export AR_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-ar
+export CC_x86_64_unknown_linux_musl := cc
+export AR_x86_64_unknown_linux_musl := ar
+export CC_aarch64_unknown_linux_musl := aarch64-linux-gnu-gcc
+export AR_aarch64_unknown_linux_musl := aarch64-linux-gnu-ar
 
 # `make install`: DESTDIR stages, PREFIX places the operator CLI (fleetctl).
 # The device files keep the fixed paths of DESIGN.md "On the device" whatever
@@ -26,8 +40,8 @@ export AR_armv7_unknown_linux_gnueabihf := arm-linux-gnueabihf-ar
 DESTDIR ?=
 PREFIX ?= /usr/local
 
-.PHONY: all help deps lint build test test-systemd test-unit demo bench bench-profiles clean \
-	release device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
+.PHONY: all help deps fresh-machine lint build test test-systemd test-unit demo bench bench-profiles clean \
+	release release-device device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
 
 all: build
 
@@ -50,11 +64,15 @@ build:
 
 ## test-agents: builds the upgrade tests run besides the normal ones, in $(TEST_AGENTS):
 ## fleet-agent-$(UPGRADE_TEST_VERSION) (the agent compiled as another version:
-## FLEET_AGENT_VERSION is read by option_env!, so only the agent crate is
-## rebuilt, twice) and fleet-updater (built with fault injection and test
-## bounds). The version is fleet_harness::UPGRADE_TEST_VERSION.
+## FLEET_AGENT_VERSION is read by option_env!) and fleet-updater (built with
+## fault injection and test bounds). Built as the amd64 package's daemons are
+## (release, static musl: DEVICE_TRIPLE_amd64), in their own target dir so
+## the package's build is left as it is. The version is
+## fleet_harness::UPGRADE_TEST_VERSION.
 UPGRADE_TEST_VERSION := 0.2.0-upgrade-test
 TEST_AGENTS := $(TARGET_DIR)/test-agents
+TEST_AGENTS_BUILD := $(TARGET_DIR)/test-agents-build
+TEST_AGENTS_BIN := $(TEST_AGENTS_BUILD)/$(DEVICE_TRIPLE_amd64)/release
 TEST_AGENT_SOURCES := $(shell find agent/src common/src updater/src -name '*.rs') \
 	agent/Cargo.toml common/Cargo.toml updater/Cargo.toml Cargo.lock
 # The agent devices in the field run: 0.1.0, the last release of the
@@ -75,15 +93,15 @@ $(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_VERSION):
 
 $(TEST_AGENTS)/fleet-agent-$(UPGRADE_TEST_VERSION): $(TEST_AGENT_SOURCES)
 	mkdir -p $(TEST_AGENTS)
-	FLEET_AGENT_VERSION=$(UPGRADE_TEST_VERSION) $(CARGO) build -p fleet-agent
-	install -s -m 0755 $(TARGET_DIR)/debug/fleet-agent $@.tmp && mv $@.tmp $@
-	$(CARGO) build -p fleet-agent
+	FLEET_AGENT_VERSION=$(UPGRADE_TEST_VERSION) $(CARGO) build --release --target $(DEVICE_TRIPLE_amd64) \
+		--target-dir $(TEST_AGENTS_BUILD) -p fleet-agent
+	install -m 0755 $(TEST_AGENTS_BIN)/fleet-agent $@.tmp && mv $@.tmp $@
 
 $(TEST_AGENTS)/fleet-updater: $(TEST_AGENT_SOURCES)
 	mkdir -p $(TEST_AGENTS)
-	$(CARGO) build -p fleet-updater --features fault-injection
-	cp $(TARGET_DIR)/debug/fleet-updater $@.tmp && mv $@.tmp $@
-	$(CARGO) build -p fleet-updater
+	$(CARGO) build --release --target $(DEVICE_TRIPLE_amd64) --target-dir $(TEST_AGENTS_BUILD) \
+		-p fleet-updater --features fault-injection
+	install -m 0755 $(TEST_AGENTS_BIN)/fleet-updater $@.tmp && mv $@.tmp $@
 
 ## test: the one command: dependencies, lint, build, packages, every test; it ends with the
 ## fault matrix under systemd (fault point × outcome, written by tests/e2e-systemd).
@@ -108,6 +126,10 @@ fuzz:
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p fleet-common --test prop_parsers
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p fleet-auth-callout --lib prop_tests
 
+## fresh-machine: (root, ~15 min, not in test) make deps in a clean Debian 12 chroot with a fresh rustup, then ring built for every cross target.
+fresh-machine:
+	@bash scripts/fresh-machine.sh
+
 ## demo: one demo device against a local nats-server (Ctrl-C stops and cleans up).
 demo: deps build
 	@bash scripts/demo.sh
@@ -116,39 +138,42 @@ demo: deps build
 # cutover::NEXT_VERSION); built in its own target dir so the release build
 # of the workspace stays as it is.
 BENCH_NEXT_VERSION := 0.2.0-bench
-## bench: every DESIGN.md target measured on release builds beside a baseline from the same run (markdown table, also in target/bench/last-run.md; ~3 min). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
+## bench: every DESIGN.md target measured on release builds (the shipped static musl daemons; glibc beside) with a baseline from the same run (markdown table, also in target/bench/last-run.md; ~7 min). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
+# The daemons measured against the targets are the amd64 package's (static
+# musl, DEVICE_TRIPLE_amd64); the glibc release build of the workspace is
+# measured beside them.
 bench: deps
 	$(CARGO) build --release --workspace --bins
-	FLEET_AGENT_VERSION=$(BENCH_NEXT_VERSION) $(CARGO) build --release -p fleet-agent --target-dir $(TARGET_DIR)/bench-next
-	OUT_DIR=$(TARGET_DIR)/bench/packages BIN_DIR=$(TARGET_DIR)/release scripts/package.sh deb device amd64
+	$(MAKE) --no-print-directory release-device ARCH=amd64
+	FLEET_AGENT_VERSION=$(BENCH_NEXT_VERSION) $(CARGO) build --release -p fleet-agent --target $(DEVICE_TRIPLE_amd64) --target-dir $(TARGET_DIR)/bench-next
+	OUT_DIR=$(TARGET_DIR)/bench/packages BIN_DIR=$(TARGET_DIR)/$(DEVICE_TRIPLE_amd64)/release scripts/package.sh deb device amd64
 	$(TARGET_DIR)/release/fleet-bench $(BENCH_ARGS)
 
-## bench-profiles: make bench, with the daemons also built at opt-level 3 (size baseline) and statically for x86_64 musl (memory), reported beside.
-# ring's C is built for musl with the host cc: it needs no libc headers.
+## bench-profiles: make bench, with the daemons also built at opt-level 3 (glibc; size baseline), reported beside.
 bench-profiles: deps
 	CARGO_PROFILE_RELEASE_OPT_LEVEL=3 $(CARGO) build --release -p fleet-agent -p fleet-updater --target-dir $(TARGET_DIR)/bench-o3
-	rustup target list --installed | grep -qx x86_64-unknown-linux-musl || rustup target add x86_64-unknown-linux-musl
-	CC_x86_64_unknown_linux_musl=cc $(CARGO) build --release -p fleet-agent -p fleet-updater --target x86_64-unknown-linux-musl --target-dir $(TARGET_DIR)/bench-musl
 	$(MAKE) bench
 
-## release: release binaries of the agent, updater and fleetctl for ARCH.
-release:
-	$(CARGO) build --release --target $(TRIPLE) -p fleet-agent -p fleet-updater -p fleetctl
+## release: release binaries of the agent and updater (DEVICE_TRIPLE: static musl on amd64 and arm64) and fleetctl (TRIPLE) for ARCH.
+release: release-device
+	$(CARGO) build --release --target $(TRIPLE) -p fleetctl
+
+release-device:
+	$(CARGO) build --release --target $(DEVICE_TRIPLE) -p fleet-agent -p fleet-updater
 
 ## device-packages: only harmony-fleet (.deb and .rpm) for ARCH, without building fleetctl.
-device-packages:
-	$(CARGO) build --release --target $(TRIPLE) -p fleet-agent -p fleet-updater
-	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh deb device $(ARCH)
-	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh rpm device $(ARCH)
+device-packages: release-device
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(DEVICE_BIN_DIR) scripts/package.sh deb device $(ARCH)
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(DEVICE_BIN_DIR) scripts/package.sh rpm device $(ARCH)
 
 ## deb: harmony-fleet (device) and harmony-fleetctl .deb for ARCH, in target/packages/.
 deb: release
-	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh deb device $(ARCH)
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(DEVICE_BIN_DIR) scripts/package.sh deb device $(ARCH)
 	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh deb fleetctl $(ARCH)
 
 ## rpm: the same two packages as .rpm for ARCH.
 rpm: release
-	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh rpm device $(ARCH)
+	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(DEVICE_BIN_DIR) scripts/package.sh rpm device $(ARCH)
 	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh rpm fleetctl $(ARCH)
 
 ## packages: .deb and .rpm of both packages for every ARCH.
@@ -166,7 +191,7 @@ install: release install-files
 
 ## install-files: install without building (the release binaries of ARCH exist).
 install-files:
-	scripts/stage.sh device "$(DESTDIR)" $(BIN_DIR)
+	scripts/stage.sh device "$(DESTDIR)" $(DEVICE_BIN_DIR)
 	scripts/stage.sh fleetctl "$(DESTDIR)" $(BIN_DIR) $(PREFIX)
 	@if [ -z "$(DESTDIR)" ]; then \
 		echo "Now run device setup (as root): fleet-updater setup --agent-binary /usr/share/harmony-fleet/bootstrap/fleet-agent"; \

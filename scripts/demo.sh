@@ -90,12 +90,7 @@ ctl buckets create
 
 say "building the image localhost/demo/hello:1 (busybox httpd)"
 mkdir -p "$WORK/podman"/{root,run,tmp} "$WORK/image/rootfs/bin" "$WORK/image/rootfs/www"
-cat >"$WORK/containers.conf" <<'EOF'
-[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
-[engine]
-runtime = "runc"
-EOF
+cp scripts/demo-containers.conf "$WORK/containers.conf"
 cp /bin/busybox "$WORK/image/rootfs/bin/"
 for applet in sh httpd sleep; do ln -s busybox "$WORK/image/rootfs/bin/$applet"; done
 echo '<h1>Hello from a Harmony fleet workload</h1>' >"$WORK/image/rootfs/www/index.html"

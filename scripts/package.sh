@@ -6,7 +6,8 @@
 #
 # ARCH is amd64, arm64 or armhf. Environment:
 #   VERSION     package version (default: the workspace version in Cargo.toml)
-#   BIN_DIR     release binaries (default: target/<rust triple>/release)
+#   BIN_DIR     release binaries (default: target/<rust triple>/release; the
+#               device package of amd64 and arm64 takes the static musl ones)
 #   OUT_DIR     where the package goes (default: target/packages)
 #   MAINTAINER  the Maintainer / Packager field
 #
@@ -20,9 +21,9 @@ role=${2:?usage: package.sh deb|rpm device|fleetctl ARCH}
 arch=${3:?usage: package.sh deb|rpm device|fleetctl ARCH}
 
 case $arch in
-amd64) triple=x86_64-unknown-linux-gnu rpm_arch=x86_64 ;;
-arm64) triple=aarch64-unknown-linux-gnu rpm_arch=aarch64 ;;
-armhf) triple=armv7-unknown-linux-gnueabihf rpm_arch=armv7hl ;;
+amd64) triple=x86_64-unknown-linux-gnu device_triple=x86_64-unknown-linux-musl rpm_arch=x86_64 ;;
+arm64) triple=aarch64-unknown-linux-gnu device_triple=aarch64-unknown-linux-musl rpm_arch=aarch64 ;;
+armhf) triple=armv7-unknown-linux-gnueabihf device_triple=$triple rpm_arch=armv7hl ;;
 *) echo "package.sh: ARCH must be amd64, arm64 or armhf (got $arch)" >&2; exit 2 ;;
 esac
 
@@ -31,6 +32,7 @@ workspace_version() {
 }
 version=${VERSION:-$(workspace_version)}
 [[ $version =~ ^[0-9][0-9A-Za-z.+~]*$ ]] || { echo "package.sh: bad version '$version'" >&2; exit 2; }
+[[ $role == device ]] && triple=$device_triple
 bin_dir=${BIN_DIR:-target/$triple/release}
 out_dir=${OUT_DIR:-target/packages}
 maintainer=${MAINTAINER:-NationTech Harmony fleet <harmony-fleet@nationtech.io>}
@@ -69,8 +71,19 @@ esac
 
 # Debian dependencies of the binaries: the shared libraries they load (any
 # other is an error here, to be mapped) and the newest glibc symbol version.
+# Static binaries (the musl device daemons of amd64 and arm64) load none.
 elf_files=$(find "$stage" -type f -perm -0100 -exec sh -c 'head -c4 "$1" | grep -q ELF' _ {} \; -print)
-glibc=$(grep -aoh 'GLIBC_2\.[0-9][0-9.]*' $elf_files | sort -uV | tail -n1)
+# The device daemons of amd64 and arm64 ship static (Makefile DEVICE_TRIPLE):
+# refuse a dynamic build handed in by mistake.
+if [[ $role == device && $arch != armhf ]]; then
+	for f in $elf_files; do
+		if readelf -lW "$f" | grep -q 'Requesting program interpreter' || readelf -d "$f" | grep -q '(NEEDED)'; then
+			echo "package.sh: ${f#"$stage"} is dynamically linked; the $arch device package ships static musl builds (make device-packages ARCH=$arch)" >&2
+			exit 1
+		fi
+	done
+fi
+glibc=$(grep -aoh 'GLIBC_2\.[0-9][0-9.]*' $elf_files | sort -uV | tail -n1 || true)
 glibc=${glibc#GLIBC_}
 lib_depends=""
 for lib in $(readelf -d $elf_files | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort -u); do
@@ -82,8 +95,11 @@ for lib in $(readelf -d $elf_files | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | so
 done
 
 build_deb() {
-	local deb_arch=$arch depends="libc6 (>= ${glibc:?no glibc symbol version found})$lib_depends"
-	[[ $role == device ]] && depends+=", systemd (>= 247)"
+	local deb_arch=$arch depends=""
+	[[ -n $glibc ]] && depends="libc6 (>= $glibc)$lib_depends"
+	[[ -z $glibc && -n $lib_depends ]] && { echo "package.sh: shared libraries but no glibc symbol version" >&2; exit 1; }
+	[[ $role == device ]] && depends+="${depends:+, }systemd (>= 247)"
+	[[ -n $depends ]] || { echo "package.sh: $package would depend on nothing" >&2; exit 1; }
 	mkdir -p "$stage/DEBIAN"
 	local size
 	size=$(du -sk --apparent-size --exclude=DEBIAN "$stage" | cut -f1)

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 device_files() {
 	cat <<'EOF'
 usr/lib/harmony-fleet/fleet-updater 0755 bin:fleet-updater
-usr/sbin/fleet-updater 0777 link:/usr/lib/harmony-fleet/fleet-updater
+usr/sbin/fleet-updater 0777 link:../lib/harmony-fleet/fleet-updater
 usr/share/harmony-fleet/bootstrap/fleet-agent 0755 bin:fleet-agent
 usr/lib/systemd/system/fleet-agent.service 0644 packaging/systemd/fleet-agent.service
 usr/lib/systemd/system/fleet-updater.service 0644 packaging/systemd/fleet-updater.service

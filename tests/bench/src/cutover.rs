@@ -50,7 +50,10 @@ fn inputs() -> Option<(PathBuf, PathBuf)> {
     let deb = target_dir()
         .join("bench/packages")
         .join(format!("harmony-fleet_{}_amd64.deb", workspace_version()));
-    let next = target_dir().join("bench-next/release/fleet-agent");
+    let next = target_dir()
+        .join("bench-next")
+        .join(crate::bins::SHIPPED_TARGET)
+        .join("release/fleet-agent");
     (deb.is_file() && next.is_file()).then_some((deb, next))
 }
 

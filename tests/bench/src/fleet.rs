@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use fleet_harness::{NatsServer, NatsVersion};
 
 use crate::agent::AgentDevice;
+use crate::bins::Build;
 use crate::notify::Notify;
 use crate::procfs;
 use crate::report::{mib, Row, Verdict};
@@ -119,7 +120,7 @@ pub fn fleet_rows(n: usize) -> Vec<Row> {
             .unwrap_or_else(|e| panic!("agent log: {e}"));
         let err = log.try_clone().unwrap_or_else(|e| panic!("agent log: {e}"));
         let child = device
-            .command(&notify, None)
+            .command(Build::Shipped, &notify, None)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)

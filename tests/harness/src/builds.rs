@@ -1,6 +1,12 @@
 //! What `make packages-for-test` built for the tests: the device packages.
 //! Tests never build these themselves; a missing one panics with the make
 //! target that builds it.
+//!
+//! What runs under systemd and qemu is what ships: the packages' daemons
+//! (static musl on amd64 and arm64, glibc on armhf), and beside them only
+//! the `make test-agents` builds ([`crate::test_agent_path`],
+//! [`crate::test_updater_path`]), built for the same target with the same
+//! release profile (another version string, or fault injection).
 
 use std::path::PathBuf;
 

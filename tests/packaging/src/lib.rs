@@ -54,6 +54,13 @@ impl Arch {
         }
     }
 
+    /// Whether its device package ships static (musl) daemons: amd64 and
+    /// arm64 do; armhf keeps glibc (Rust's armv7 musl target is not
+    /// available here). The Makefile's `DEVICE_TRIPLE_*`.
+    pub fn static_daemons(self) -> bool {
+        !matches!(self, Arch::Armhf)
+    }
+
     /// The qemu-user binary and the cross sysroot that run its binaries here
     /// (`None` for the host's own).
     pub fn emulator(self) -> Option<(&'static str, &'static str)> {

@@ -4,9 +4,12 @@
 //! architecture, dependencies and maintainer scripts.
 
 use std::collections::BTreeMap;
+use std::process::Command;
+
+use fleet_harness::require_tool;
 
 use fleet_packaging_tests::{
-    deb, deb_entries, deb_field, extract_deb, rpm, rpm_entries, rpm_flag, rpm_query,
+    deb, deb_entries, deb_field, extract_deb, rpm, rpm_entries, rpm_flag, rpm_query, run,
     workspace_version, Arch, Entry, Role,
 };
 
@@ -34,10 +37,11 @@ const FLEETCTL_FILES: &[(&str, u32)] = &[
     ("/usr/share/doc/harmony-fleetctl/copyright", 0o644),
 ];
 
-/// The device package's symlinks: path → target.
+/// The device package's symlinks: path → target (relative, as Debian
+/// policy and rpmlint want them within /usr).
 const DEVICE_LINKS: &[(&str, &str)] = &[(
     "/usr/sbin/fleet-updater",
-    "/usr/lib/harmony-fleet/fleet-updater",
+    "../lib/harmony-fleet/fleet-updater",
 )];
 
 /// Files (not directories) by path → mode; every entry owned root:root and
@@ -98,8 +102,10 @@ fn deb_device_packages_ship_exactly_the_device_layout() {
             depends.contains("systemd (>= "),
             "{what}: Depends {depends}"
         );
-        assert!(
+        // Static daemons depend on no libc; armhf's glibc ones do.
+        assert_eq!(
             depends.starts_with("libc6 (>= 2."),
+            !arch.static_daemons(),
             "{what}: Depends {depends}"
         );
         let recommends = deb_field(&path, "Recommends");
@@ -161,6 +167,39 @@ fn deb_binaries_are_built_for_their_architecture() {
     }
 }
 
+/// The device daemons of amd64 and arm64 are statically linked (no
+/// program interpreter, no shared library); armhf's load glibc.
+#[test]
+fn device_daemons_are_static_where_musl_is_available() {
+    let readelf = require_tool("readelf", "binutils");
+    for arch in Arch::all() {
+        let path = deb(Role::Device, arch);
+        let dir = tempfile::tempdir().expect("tempdir");
+        extract_deb(&path, dir.path());
+        for bin in [
+            "usr/lib/harmony-fleet/fleet-updater",
+            "usr/share/harmony-fleet/bootstrap/fleet-agent",
+        ] {
+            let file = dir.path().join(bin);
+            let headers = run(Command::new(&readelf).arg("-lW").arg(&file));
+            let dynamic = run(Command::new(&readelf).arg("-dW").arg(&file));
+            let interp = headers.contains("Requesting program interpreter");
+            let needed = dynamic.contains("(NEEDED)");
+            if arch.static_daemons() {
+                assert!(
+                    !interp && !needed,
+                    "{bin} of {arch:?} is dynamically linked:\n{headers}\n{dynamic}"
+                );
+            } else {
+                assert!(
+                    interp && dynamic.contains("[libc.so.6]"),
+                    "{bin} of {arch:?} should load glibc:\n{headers}\n{dynamic}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn fleetctl_is_a_package_of_its_own_and_never_on_the_device() {
     // `make packages-for-test` builds fleetctl for amd64 only (`make
@@ -210,7 +249,15 @@ fn rpm_device_packages_ship_the_same_layout_and_scriptlets() {
         );
         let requires = rpm_flag(&path, "--requires");
         assert!(requires.contains("systemd >= 247"), "{what}: {requires}");
-        assert!(requires.contains("libc.so.6"), "{what}: {requires}");
+        assert_eq!(
+            requires.contains("libc.so.6"),
+            !arch.static_daemons(),
+            "{what}: {requires}"
+        );
+        if arch.static_daemons() {
+            // Static: no loader either (rpm's ELF scan would ask for one).
+            assert!(!requires.contains("rtld("), "{what}: {requires}");
+        }
         let scripts = rpm_flag(&path, "--scripts");
         assert!(scripts.contains(SETUP_LINE), "{what}: {scripts}");
         let preun = scripts

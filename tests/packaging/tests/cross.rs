@@ -1,6 +1,7 @@
 //! The shipped binaries of every architecture run: each package's updater
-//! and bootstrap agent print their version, the ARM ones under qemu-user
-//! with Debian's cross sysroots (their glibc and loader).
+//! and bootstrap agent print their version, the ARM ones under qemu-user:
+//! arm64's static musl builds with no sysroot at all, armhf's glibc ones
+//! with Debian's cross sysroot (its glibc and loader).
 
 use std::process::Command;
 
@@ -24,7 +25,11 @@ fn every_architectures_binaries_print_their_version() {
                 None => Command::new(&path),
                 Some((qemu, sysroot)) => {
                     let mut c = Command::new(require_tool(qemu, "qemu-user-static"));
-                    c.arg("-L").arg(sysroot).arg(&path);
+                    // Static daemons need no sysroot: run them without one.
+                    if !arch.static_daemons() {
+                        c.arg("-L").arg(sysroot);
+                    }
+                    c.arg(&path);
                     c
                 }
             };
