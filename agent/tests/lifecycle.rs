@@ -164,6 +164,47 @@ fn sigterm_while_connecting_exits_cleanly() {
     });
 }
 
+/// Issue 17 (item 7): a start-up that stalls names the step it waits on,
+/// with how long, at least every 10 s: here NATS, unreachable.
+#[test]
+fn issue_17_a_stalled_start_up_names_the_step_every_10_s() {
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "nats://127.0.0.1:{}",
+        unused.local_addr().expect("addr").port()
+    );
+    drop(unused);
+    let dev = Device::new(
+        "dev1",
+        &Settings {
+            podman: false,
+            ..Settings::new(vec![url.clone()])
+        },
+        None,
+    );
+    let started = Instant::now();
+    let mut agent = dev.spawn(None);
+    let needle = format!("start-up: still waiting for the NATS connection ({url}) after ");
+    let first = agent.wait_for_line(&needle, Duration::from_secs(20));
+    let first_at = started.elapsed();
+    assert!(
+        first_at < Duration::from_secs(13),
+        "first waiting line after {first_at:?}: {first}"
+    );
+    assert!(first.contains(&format!("{needle}10 s")), "{first}");
+    let from = agent.line_count();
+    let second = agent.wait_for_line_after(from, &needle, Duration::from_secs(15));
+    assert!(second.contains(&format!("{needle}20 s")), "{second}");
+    assert!(
+        started.elapsed() - first_at < Duration::from_secs(13),
+        "repeated within ~10 s: {}",
+        agent.log()
+    );
+    agent.signal(Signal::TERM);
+    let status = agent.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "{}", agent.log());
+}
+
 /// Wrong credentials fail at once (no 3-minute retry) with the NATS exit code.
 #[test]
 fn refused_credentials_exit_12() {
