@@ -21,8 +21,8 @@
 //! Each step that blocks (Podman, the NATS connection, the device info
 //! ack, the updater's transaction, the desired snapshot, the transaction
 //! status ack, and after readiness the first intent snapshot) is logged
-//! every 10 s while it is waited on ([`crate::startup`]), so a stall
-//! names itself.
+//! every 10 s while it is waited on (before READY also as `STATUS=`;
+//! [`crate::startup`]), so a stall names itself.
 //!
 //! Drain on SIGTERM or SIGINT (seed 002, "Stop, switch, start"): close the
 //! mutation gate, wait for the mutation in flight, stop the threads,

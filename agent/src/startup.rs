@@ -8,14 +8,16 @@
 //! after readiness (the first intent snapshot) is watched with a probe
 //! ([`StartupSteps::until`]). The `agent-startup` thread wakes every
 //! [`TICK`], ends watched steps whose probe says done, and logs each step
-//! pending for another interval. It exits once [`StartupSteps::close`] was
-//! called and nothing is pending, or at shutdown.
+//! pending for another interval (before readiness, also as systemd
+//! `STATUS=`). It exits once [`StartupSteps::close`] was called and nothing
+//! is pending, or at shutdown.
 
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::notify;
 use crate::shutdown::Shutdown;
 use crate::threads;
 
@@ -184,8 +186,15 @@ fn report(inner: &Inner, shutdown: &Shutdown) {
             }
             !done
         });
+        let before_ready = !s.closed;
         for p in s.pending.iter_mut().filter(|p| now >= p.next_report) {
-            log::warn!(step = p.what.as_str(); "start-up: still waiting for {} after {} s", p.what, now.duration_since(p.since).as_secs());
+            let secs = now.duration_since(p.since).as_secs();
+            log::warn!(step = p.what.as_str(); "start-up: still waiting for {} after {secs} s", p.what);
+            // Under the lock: the step cannot end (and the main thread
+            // cannot move STATUS on) before this is sent.
+            if before_ready {
+                notify::status(&format!("waiting for {} ({secs} s)", p.what));
+            }
             p.next_report = now + STEP_REPORT_INTERVAL;
         }
         s = inner

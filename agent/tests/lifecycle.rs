@@ -195,6 +195,10 @@ fn issue_17_a_stalled_start_up_names_the_step_every_10_s() {
     let from = agent.line_count();
     let second = agent.wait_for_line_after(from, &needle, Duration::from_secs(15));
     assert!(second.contains(&format!("{needle}20 s")), "{second}");
+    let status = dev.notify.find(&format!(
+        "STATUS=waiting for the NATS connection ({url}) (10 s)"
+    ));
+    assert!(status.is_some(), "{:?}", dev.notify.all());
     assert!(
         started.elapsed() - first_at < Duration::from_secs(13),
         "repeated within ~10 s: {}",

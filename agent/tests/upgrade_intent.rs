@@ -177,8 +177,17 @@ fn refused_intents_are_published_with_the_rule_and_remembered() {
 /// now published as a refused intent: its sequence and digest, the rule,
 /// escaped excerpts of the offending field, and an error naming it.
 #[test]
-fn issue_17_intents_without_an_identity_are_reported() {
-    let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
+fn issue_17_intents_without_an_identity_are_reported_2_9() {
+    intents_without_an_identity_are_reported(NatsVersion::V2_9);
+}
+
+#[test]
+fn issue_17_intents_without_an_identity_are_reported_2_14() {
+    intents_without_an_identity_are_reported(NatsVersion::V2_14);
+}
+
+fn intents_without_an_identity_are_reported(v: NatsVersion) {
+    let nats = NatsServer::start_fleet(v, &["dev1"]);
     let admin = nats.admin();
     let mut settings = Settings::new(vec![nats.url()]);
     settings.podman = false;
