@@ -279,12 +279,12 @@ fn intents_without_an_identity_are_reported(v: NatsVersion) {
             .trim_end_matches('…')
             .bytes()
             .all(|b| (b' '..=b'~').contains(&b))));
-        last = Some((seq, raw));
+        last = Some(raw);
     }
 
+    let raw = last.expect("cases ran");
     // A valid UUID under an invalid version is recorded: the same UUID
     // with other content is then a conflict, reported the same way.
-    let (_, raw) = last.expect("cases ran");
     let mut v: serde_json::Value = serde_json::from_slice(&raw).expect("json");
     let reused = AttemptUuid::new_random();
     v["uuid"] = reused.to_string().into();

@@ -363,8 +363,9 @@ impl Worker {
     }
 
     /// Publishes a refused intent for `r`, which has no valid UUID or no
-    /// valid target version; not again while the same value is the last
-    /// report published. `why` replaces the rule's message.
+    /// valid target version; not again while the same value (the same
+    /// bytes at the same sequence) is the last report published. `why`
+    /// replaces the rule's message.
     fn publish_refused_intent(
         &mut self,
         r: intent::Rejection,
@@ -380,7 +381,15 @@ impl Worker {
             );
             return;
         };
-        let same = |p: &UpgradeReport| matches!(p, UpgradeReport::RefusedIntent(p) if p.intent.digest == r.digest && p.reason == reason);
+        // The same value (same bytes, same sequence when it could be read)
+        // already reported: a snapshot after a reconnect reads it again.
+        let sequence = self.sequence_of(&r.digest);
+        let same = |p: &UpgradeReport| {
+            matches!(p, UpgradeReport::RefusedIntent(p)
+                if p.intent.digest == r.digest
+                    && p.reason == reason
+                    && (sequence.is_none() || p.intent.sequence == sequence))
+        };
         if self.s.published.as_ref().is_some_and(same)
             || self.unpublished.as_ref().is_some_and(same)
         {
@@ -394,7 +403,7 @@ impl Worker {
         let report = RefusedIntent {
             reason,
             intent: IntentRef {
-                sequence: self.sequence_of(&r.digest),
+                sequence,
                 digest: r.digest,
                 bytes: u.bytes,
                 uuid: r.uuid,
