@@ -84,11 +84,12 @@ impl Inner {
     }
 }
 
-/// A step that took long enough to have been reported says when it ended.
+/// A step that took long enough to have been reported says when it ended
+/// (done or failed: a failure is logged by the caller).
 fn log_done(p: &Pending) {
     let took = p.since.elapsed();
     if took >= STEP_REPORT_INTERVAL {
-        log::info!(step = p.what.as_str(); "start-up: {} done after {} s", p.what, took.as_secs());
+        log::info!(step = p.what.as_str(); "start-up: no longer waiting for {} after {} s", p.what, took.as_secs());
     }
 }
 

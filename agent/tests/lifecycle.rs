@@ -248,7 +248,7 @@ fn create_bucket(admin: &nats::Connection, bucket: &str) {
 
 /// Issue 17 (item 7): the snapshots name themselves too while they stall:
 /// the desired snapshot before READY, the first intent snapshot after it,
-/// each with a line when it is finally done.
+/// each with a line when it is no longer waited on.
 #[test]
 fn issue_17_stalled_snapshots_name_themselves() {
     let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
@@ -266,7 +266,7 @@ fn issue_17_stalled_snapshots_name_themselves() {
     assert!(dev.notify.find("READY=1").is_none());
     create_bucket(&admin, "fleet-workloads");
     agent.wait_for_line(
-        "start-up: the desired-state snapshot (fleet-workloads) done after",
+        "start-up: no longer waiting for the desired-state snapshot (fleet-workloads) after",
         Duration::from_secs(60),
     );
     poll_until("READY=1", Duration::from_secs(10), || {
@@ -278,7 +278,7 @@ fn issue_17_stalled_snapshots_name_themselves() {
     );
     create_bucket(&admin, "fleet-control");
     agent.wait_for_line(
-        "start-up: the first upgrade intent snapshot (fleet-control) done after",
+        "start-up: no longer waiting for the first upgrade intent snapshot (fleet-control) after",
         Duration::from_secs(60),
     );
     agent.signal(Signal::TERM);

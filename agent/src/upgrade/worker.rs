@@ -314,7 +314,8 @@ impl Worker {
     /// once per content: under its attempt when its UUID and target
     /// version are valid, as a refused intent otherwise. A valid UUID is
     /// recorded (a corrected intent needs a new UUID); a value without one
-    /// is published once per run (again after a restart).
+    /// is published once while it stays the intent (again after a restart,
+    /// or when the same bytes come back under another sequence).
     fn reject(&mut self, r: intent::Rejection) {
         let Some(uuid) = r.uuid else {
             log::error!(
