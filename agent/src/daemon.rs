@@ -18,6 +18,11 @@
 //!
 //! Steps 4 to 6 are retried until the window that started with the
 //! connection ends. A SIGTERM during startup ends the process cleanly.
+//! Each step that blocks (Podman, the NATS connection, the device info
+//! ack, the updater's transaction, the desired snapshot, the transaction
+//! status ack, and after readiness the first intent snapshot) is logged
+//! every 10 s while it is waited on (before READY also as `STATUS=`;
+//! [`crate::startup`]), so a stall names itself.
 //!
 //! Drain on SIGTERM or SIGINT (seed 002, "Stop, switch, start"): close the
 //! mutation gate, wait for the mutation in flight, stop the threads,
@@ -51,6 +56,7 @@ use crate::notify;
 use crate::podman::{Podman, PodmanError};
 use crate::reconciler::{Reconciler, ReconcilerMsg};
 use crate::shutdown::Shutdown;
+use crate::startup::StartupSteps;
 use crate::status::{self, StatusMsg, StatusPublisher};
 use crate::sysinfo;
 use crate::upgrade::{self, StartupError, UpgradeState};
@@ -187,6 +193,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             })
             .map_err(RunError::Signals)?;
     }
+    let steps = StartupSteps::spawn(Arc::clone(&shutdown)).map_err(thread_err("agent-startup"))?;
 
     // 1. Config, lock, state directory.
     let config = Config::load(config_path).map_err(RunError::Config)?;
@@ -247,7 +254,10 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     let podman = match &config.podman {
         PodmanMode::Enabled(s) => {
             let p = Podman::new(s.clone());
-            let v = p.version().map_err(RunError::Podman)?;
+            let v = {
+                let _step = steps.begin("Podman (podman version)");
+                p.version().map_err(RunError::Podman)?
+            };
             log::info!(device = device.as_str(); "podman {v} reachable");
             notify::status(&format!("podman {v} reachable; connecting to NATS"));
             Some((p, v))
@@ -259,6 +269,10 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     };
 
     // 3. NATS.
+    let connecting = steps.begin(&format!(
+        "the NATS connection ({})",
+        config.nats.servers.join(", ")
+    ));
     let nats = match nats::connect(
         &config.nats,
         &device,
@@ -270,6 +284,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         Err(NatsError::Interrupted) => return stopped_during_startup(),
         Err(e) => return Err(RunError::Nats(e)),
     };
+    drop(connecting);
     api.set_nats(Arc::clone(&nats));
     let window_end = Instant::now() + NATS_CONNECT_WINDOW;
     notify::status(&format!(
@@ -286,6 +301,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         freeze.report(),
         started_at,
     );
+    let acking = steps.begin("the device info acknowledgement (fleet-status)");
     loop {
         match status::publish_info(&nats, &info) {
             Ok(()) => break,
@@ -303,10 +319,17 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             }
         }
     }
+    drop(acking);
     // The updater's transaction, before anything mutates: after a cutover
     // this binary must be the target it is starting.
-    let recovered = upgrade::recovered_transaction(&upgrade_state, &layout, &version)
-        .map_err(RunError::Upgrade)?;
+    let recovered = {
+        let _step = steps.begin(&format!(
+            "the updater's transaction (status on {})",
+            layout.updater_socket().display()
+        ));
+        upgrade::recovered_transaction(&upgrade_state, &layout, &version)
+            .map_err(RunError::Upgrade)?
+    };
     notify::status("device info published; reading the desired state");
 
     // 5. Status publisher, reconciler, desired-state watcher, snapshot.
@@ -379,6 +402,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         .map_err(thread_err("agent-desired"))?
     };
     api.set_desired(Arc::clone(&watcher.status));
+    let snapshot = steps.begin("the desired-state snapshot (fleet-workloads)");
     let keys = loop {
         if shutdown.is_requested() {
             break None;
@@ -398,6 +422,8 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             Err(_) => {}
         }
     };
+    drop(snapshot);
+    let publishing = steps.begin("the updater's transaction status acknowledgement (fleet-status)");
     let upgrade = match keys {
         Some(_) => upgrade_state
             .start(upgrade::Start {
@@ -412,9 +438,16 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             .map_err(RunError::Upgrade)?,
         None => None,
     };
+    drop(publishing);
     if let Some(u) = &upgrade {
         api.resync_on_unfreeze(u.intents_status());
+        let intents = u.intents_status();
+        steps.until(
+            "the first upgrade intent snapshot (fleet-control)",
+            move || intents.in_sync(),
+        );
     }
+    steps.close();
     match (keys, &upgrade) {
         (Some(n), Some(_)) => notify::ready(&format!(
             "device {device}, {n} workloads desired, NATS connected"
@@ -443,6 +476,8 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         r.stop();
     }
     watcher.join();
+    // Woken by the drop, the start-up reporter exits at once.
+    drop(steps);
     let acks_until = Instant::now() + STOPPING_ACK_TIMEOUT;
     let upgrade_stop = upgrade.map(|u| u.begin_stop(drain, acks_until));
     match status.stop(drain, STOPPING_ACK_TIMEOUT) {

@@ -21,6 +21,7 @@ mod podman;
 mod probe;
 mod reconciler;
 mod shutdown;
+mod startup;
 mod status;
 mod sysinfo;
 mod threads;

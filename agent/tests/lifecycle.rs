@@ -164,6 +164,128 @@ fn sigterm_while_connecting_exits_cleanly() {
     });
 }
 
+/// Issue 17 (item 7): a start-up that stalls names the step it waits on,
+/// with how long, at least every 10 s: here NATS, unreachable.
+#[test]
+fn issue_17_a_stalled_start_up_names_the_step_every_10_s() {
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "nats://127.0.0.1:{}",
+        unused.local_addr().expect("addr").port()
+    );
+    drop(unused);
+    let dev = Device::new(
+        "dev1",
+        &Settings {
+            podman: false,
+            ..Settings::new(vec![url.clone()])
+        },
+        None,
+    );
+    let started = Instant::now();
+    let mut agent = dev.spawn(None);
+    let needle = format!("start-up: still waiting for the NATS connection ({url}) after ");
+    let first = agent.wait_for_line(&needle, Duration::from_secs(20));
+    let first_at = started.elapsed();
+    assert!(
+        first_at < Duration::from_secs(13),
+        "first waiting line after {first_at:?}: {first}"
+    );
+    assert!(first.contains(&format!("{needle}10 s")), "{first}");
+    let from = agent.line_count();
+    let second = agent.wait_for_line_after(from, &needle, Duration::from_secs(15));
+    assert!(second.contains(&format!("{needle}20 s")), "{second}");
+    let status = dev.notify.find(&format!(
+        "STATUS=waiting for the NATS connection ({url}) (10 s)"
+    ));
+    assert!(status.is_some(), "{:?}", dev.notify.all());
+    assert!(
+        started.elapsed() - first_at < Duration::from_secs(13),
+        "repeated within ~10 s: {}",
+        agent.log()
+    );
+    agent.signal(Signal::TERM);
+    let status = agent.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "{}", agent.log());
+}
+
+/// Deletes bucket `bucket`'s stream, as the admin.
+fn delete_bucket(admin: &nats::Connection, bucket: &str) {
+    let subject = format!(
+        "$JS.API.STREAM.DELETE.{}",
+        fleet_common::subjects::stream_name(bucket)
+    );
+    let reply = admin
+        .request_timeout(&subject, "", Duration::from_secs(10))
+        .expect("delete stream");
+    assert!(
+        !String::from_utf8_lossy(&reply.data).contains("\"error\""),
+        "{}",
+        String::from_utf8_lossy(&reply.data)
+    );
+}
+
+/// Creates bucket `bucket` again, as `fleetctl buckets create` would.
+fn create_bucket(admin: &nats::Connection, bucket: &str) {
+    use fleet_common::nats_config::{kv_stream_config, stream_create_subject, FLEET_BUCKETS};
+    let spec = FLEET_BUCKETS
+        .iter()
+        .find(|s| s.bucket == bucket)
+        .expect("a fleet bucket");
+    let reply = admin
+        .request_timeout(
+            &stream_create_subject(bucket),
+            kv_stream_config(spec, 1).to_string(),
+            Duration::from_secs(10),
+        )
+        .expect("create stream");
+    assert!(
+        !String::from_utf8_lossy(&reply.data).contains("\"error\""),
+        "{}",
+        String::from_utf8_lossy(&reply.data)
+    );
+}
+
+/// Issue 17 (item 7): the snapshots name themselves too while they stall:
+/// the desired snapshot before READY, the first intent snapshot after it,
+/// each with a line when it is no longer waited on.
+#[test]
+fn issue_17_stalled_snapshots_name_themselves() {
+    let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
+    let admin = nats.admin();
+    delete_bucket(&admin, "fleet-workloads");
+    delete_bucket(&admin, "fleet-control");
+    let mut settings = Settings::new(vec![nats.url()]);
+    settings.podman = false;
+    let dev = Device::new("dev1", &settings, None);
+    let mut agent = dev.spawn(None);
+    agent.wait_for_line(
+        "start-up: still waiting for the desired-state snapshot (fleet-workloads) after 10 s",
+        Duration::from_secs(30),
+    );
+    assert!(dev.notify.find("READY=1").is_none());
+    create_bucket(&admin, "fleet-workloads");
+    agent.wait_for_line(
+        "start-up: no longer waiting for the desired-state snapshot (fleet-workloads) after",
+        Duration::from_secs(60),
+    );
+    poll_until("READY=1", Duration::from_secs(10), || {
+        dev.notify.find("READY=1")
+    });
+    agent.wait_for_line(
+        "start-up: still waiting for the first upgrade intent snapshot (fleet-control) after 10 s",
+        Duration::from_secs(30),
+    );
+    create_bucket(&admin, "fleet-control");
+    agent.wait_for_line(
+        "start-up: no longer waiting for the first upgrade intent snapshot (fleet-control) after",
+        Duration::from_secs(60),
+    );
+    agent.signal(Signal::TERM);
+    let status = agent.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{}", agent.log());
+}
+
 /// Wrong credentials fail at once (no 3-minute retry) with the NATS exit code.
 #[test]
 fn refused_credentials_exit_12() {

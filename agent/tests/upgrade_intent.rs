@@ -1,14 +1,16 @@
 //! The agent's handling of upgrade intents it refuses, with a real
 //! nats-server and no updater: another device, another architecture,
 //! invalid content, a UUID reused with other content — each published as
-//! `failed` with the rule named — and an invalid UUID, which cannot be
-//! reported under an attempt; refusals are remembered across a restart.
+//! `failed` with the rule named — and intents without a valid UUID or
+//! target version, published as refused intents (issue 17); refusals are
+//! remembered across a restart.
 
 mod common;
 
 use common::*;
 use fleet_common::contracts::{
-    AgentUpgradeAttempt, SeenAttempts, UpgradePhase, UpgradeReason, UpgradeStatus,
+    AgentUpgradeAttempt, IntentRule, RefusalReason, RefusedIntent, SeenAttempts, UpgradePhase,
+    UpgradeReason, UpgradeReport, UpgradeStatus,
 };
 use fleet_common::validate::{
     Arch, ArtifactUrl, AttemptUuid, DeviceId, MaxBytes, Sha256Hex, Version,
@@ -27,10 +29,23 @@ fn attempt(device: &str, arch: Arch) -> AgentUpgradeAttempt {
     }
 }
 
-fn put_intent(admin: &nats::Connection, value: &[u8]) {
+/// Writes the intent; returns its sequence.
+fn put_intent(admin: &nats::Connection, value: &[u8]) -> u64 {
     bucket(admin, "fleet-control")
         .put("dev1.agent-upgrade-intent", value)
-        .expect("put intent");
+        .expect("put intent")
+}
+
+/// Waits for the refused-intent report of the intent at `seq`.
+fn refused(admin: &nats::Connection, seq: u64) -> RefusedIntent {
+    poll_until(
+        &format!("refused intent at sequence {seq}"),
+        CONVERGE,
+        || match status::<UpgradeReport>(admin, "dev1", "upgrade")? {
+            UpgradeReport::RefusedIntent(r) if r.intent.sequence == Some(seq) => Some(r),
+            _ => None,
+        },
+    )
 }
 
 /// Waits for the failed status of `uuid` and returns it.
@@ -123,17 +138,13 @@ fn refused_intents_are_published_with_the_rule_and_remembered() {
         "{s:#?}"
     );
 
-    // An invalid UUID cannot be reported under an attempt: logged only.
+    // An invalid UUID cannot be reported under an attempt: it is
+    // reported as a refused intent (issue 17).
     let mut no_uuid = serde_json::to_value(attempt("dev1", here)).expect("value");
     no_uuid["uuid"] = "not-a-uuid".into();
-    let from = agent.line_count();
-    put_intent(&admin, &serde_json::to_vec(&no_uuid).expect("json"));
-    agent.wait_for_line_after(from, "cannot report it under an attempt: the intent is not a valid attempt: invalid attempt uuid \"not-a-uuid\"", CONVERGE);
-    assert_eq!(
-        status::<UpgradeStatus>(&admin, "dev1", "upgrade").map(|s| s.attempt_uuid),
-        Some(bad_uuid),
-        "nothing published for it"
-    );
+    let seq = put_intent(&admin, &serde_json::to_vec(&no_uuid).expect("json"));
+    let r = refused(&admin, seq);
+    assert_eq!((r.rule, r.intent.uuid), (IntentRule::InvalidUuid, None));
 
     // Refusals are remembered: after a restart, the current intent is not
     // published again.
@@ -158,6 +169,141 @@ fn refused_intents_are_published_with_the_rule_and_remembered() {
         status::<UpgradeStatus>(&admin, "dev1", "upgrade"),
         None,
         "an ended attempt is not published again"
+    );
+}
+
+/// Issue 17 (item 3): intents without a valid attempt identity were
+/// refused silently (only logged, `<device>.upgrade` unchanged). Each is
+/// now published as a refused intent: its sequence and digest, the rule,
+/// escaped excerpts of the offending field, and an error naming it.
+#[test]
+fn issue_17_intents_without_an_identity_are_reported_2_9() {
+    intents_without_an_identity_are_reported(NatsVersion::V2_9);
+}
+
+#[test]
+fn issue_17_intents_without_an_identity_are_reported_2_14() {
+    intents_without_an_identity_are_reported(NatsVersion::V2_14);
+}
+
+fn intents_without_an_identity_are_reported(v: NatsVersion) {
+    let nats = NatsServer::start_fleet(v, &["dev1"]);
+    let admin = nats.admin();
+    let mut settings = Settings::new(vec![nats.url()]);
+    settings.podman = false;
+    let dev = Device::new("dev1", &settings, None);
+    let _agent = dev.start(None);
+    let here = Arch::current().expect("supported");
+    let long = "1".repeat(256);
+    let long_excerpt = format!("{}…", "1".repeat(64));
+    let cases: [(&str, &str, IntentRule, &str, u64, &str); 5] = [
+        (
+            "target-version",
+            "1.0/../../etc/x",
+            IntentRule::InvalidTargetVersion,
+            "1.0/../../etc/x",
+            15,
+            "invalid version \"1.0/../../etc/x\"",
+        ),
+        (
+            "target-version",
+            "1.0\u{0}",
+            IntentRule::InvalidTargetVersion,
+            "1.0\\u{0}",
+            4,
+            "invalid version \"1.0\\0\"",
+        ),
+        (
+            "target-version",
+            "\u{ff11}.\u{ff10}",
+            IntentRule::InvalidTargetVersion,
+            "\\u{ff11}.\\u{ff10}",
+            3,
+            "invalid version \"\u{ff11}.\u{ff10}\"",
+        ),
+        (
+            "target-version",
+            &long,
+            IntentRule::InvalidTargetVersion,
+            &long_excerpt,
+            256,
+            "invalid version \"111",
+        ),
+        (
+            "uuid",
+            "0F6E4C1A-6D0B-4C39-9B64-3F1D2A7E5C10",
+            IntentRule::InvalidUuid,
+            "0F6E4C1A-6D0B-4C39-9B64-3F1D2A7E5C10",
+            36,
+            "invalid attempt uuid \"0F6E4C1A",
+        ),
+    ];
+    let mut last = None;
+    for (field, value, rule, excerpt, chars, error) in cases {
+        let a = attempt("dev1", here);
+        let mut v = serde_json::to_value(&a).expect("value");
+        v[field] = value.into();
+        let raw = serde_json::to_vec(&v).expect("json");
+        let seq = put_intent(&admin, &raw);
+        let r = refused(&admin, seq);
+        assert_eq!(r.reason, RefusalReason::Rejected, "{value:?}");
+        assert_eq!(r.rule, rule, "{value:?}");
+        assert_eq!(r.intent.digest, Sha256Hex::of(&raw));
+        assert_eq!(r.intent.bytes, raw.len() as u64);
+        let expected_uuid = (field != "uuid").then_some(a.uuid);
+        assert_eq!(r.intent.uuid, expected_uuid, "a valid UUID is named");
+        let quoted: Vec<(&str, &str, u64)> = r
+            .fields
+            .iter()
+            .map(|f| (f.field.as_str(), f.excerpt.as_str(), f.chars))
+            .collect();
+        assert_eq!(quoted, [(field, excerpt, chars)], "{value:?}");
+        assert!(
+            r.error
+                .as_str()
+                .starts_with(&format!("the intent is not a valid attempt: {error}")),
+            "{value:?}: {}",
+            r.error
+        );
+        // The raw form on the wire: phase failed, excerpts escaped ASCII.
+        let json = bucket(&admin, "fleet-status")
+            .get("dev1.upgrade")
+            .expect("get")
+            .expect("a report");
+        let wire: serde_json::Value = serde_json::from_slice(&json).expect("json");
+        assert_eq!(
+            (wire["phase"].as_str(), wire["reason"].as_str()),
+            (Some("failed"), Some("rejected"))
+        );
+        assert!(wire["fields"][0]["excerpt"].as_str().is_some_and(|e| e
+            .trim_end_matches('…')
+            .bytes()
+            .all(|b| (b' '..=b'~').contains(&b))));
+        last = Some(raw);
+    }
+
+    let raw = last.expect("cases ran");
+    // A valid UUID under an invalid version is recorded: the same UUID
+    // with other content is then a conflict, reported the same way.
+    let mut v: serde_json::Value = serde_json::from_slice(&raw).expect("json");
+    let reused = AttemptUuid::new_random();
+    v["uuid"] = reused.to_string().into();
+    v["target-version"] = "2.0/..".into();
+    let first = put_intent(&admin, &serde_json::to_vec(&v).expect("json"));
+    assert_eq!(refused(&admin, first).reason, RefusalReason::Rejected);
+    v["target-version"] = "3.0/..".into();
+    let second = put_intent(&admin, &serde_json::to_vec(&v).expect("json"));
+    let r = refused(&admin, second);
+    assert_eq!(
+        (r.reason, r.intent.uuid),
+        (RefusalReason::Conflict, Some(reused))
+    );
+    assert!(
+        r.error
+            .as_str()
+            .starts_with(&format!("attempt {reused} was seen before with digest")),
+        "{}",
+        r.error
     );
 }
 

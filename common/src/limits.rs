@@ -68,6 +68,11 @@ pub const MAX_SOCKET_BUFFERED_BYTES: usize = 4 * 1024 * 1024;
 pub const MAX_TRANSITIONS: usize = 16;
 /// Characters in any detail, error or other free text (seed: 1,024).
 pub const MAX_TEXT_CHARS: usize = 1024;
+/// Characters of an offending intent field quoted in a refused-intent
+/// report, before escaping (each escaped character takes at most 10).
+pub const MAX_EXCERPT_CHARS: usize = 64;
+/// Offending fields quoted in one refused-intent report (an attempt has 7).
+pub const MAX_INTENT_EXCERPTS: usize = 8;
 /// Errors retained in the updater journal for one attempt.
 pub const MAX_JOURNAL_ERRORS: usize = 16;
 /// Finished attempts remembered in full (uuid, digest, outcome, time) for

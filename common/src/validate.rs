@@ -19,7 +19,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::{MAX_ARTIFACT_BYTES, MAX_TEXT_CHARS};
+use crate::limits::{MAX_ARTIFACT_BYTES, MAX_EXCERPT_CHARS, MAX_TEXT_CHARS};
 
 /// Why a value was refused. Every variant names the field's rule so the
 /// message tells the writer what to send instead.
@@ -34,6 +34,7 @@ pub enum ValidationError {
     ArtifactUrl { url: String, why: &'static str },
     TextTooLong { chars: usize },
     MaxBytes(u64),
+    Excerpt(String),
 }
 
 impl fmt::Display for ValidationError {
@@ -81,6 +82,12 @@ impl fmt::Display for ValidationError {
             Self::MaxBytes(v) => write!(
                 f,
                 "invalid max-bytes {v}: use 1 to {MAX_ARTIFACT_BYTES} (100 MiB)"
+            ),
+            Self::Excerpt(v) => write!(
+                f,
+                "invalid excerpt {}: use at most {} characters from printable ASCII, other characters escaped as \\u{{...}}, optionally ending in '…'",
+                shown(v),
+                Excerpt::MAX_CHARS
             ),
         }
     }
@@ -393,6 +400,49 @@ impl BoundedText {
         let mut out: String = v.chars().take(MAX_TEXT_CHARS - 1).collect();
         out.push('…');
         Self(out)
+    }
+}
+
+/// A bounded, escaped quotation of untrusted text (an offending field of a
+/// refused intent): at most [`MAX_EXCERPT_CHARS`] characters of the
+/// original, each outside printable ASCII written `\u{..}` and each `\`
+/// written `\\`, and `…` appended when the original was longer. Safe to
+/// print on a terminal or in a log line; look-alikes such as fullwidth
+/// digits and NULs become visible.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Excerpt(String);
+string_newtype!(Excerpt);
+
+impl Excerpt {
+    /// Longest escaped form: every character escaped as `\u{10ffff}`, plus `…`.
+    pub const MAX_CHARS: usize = MAX_EXCERPT_CHARS * 10 + 1;
+
+    /// Quotes `v`: the first [`MAX_EXCERPT_CHARS`] characters, escaped.
+    pub fn of(v: &str) -> Self {
+        let mut out = String::new();
+        for c in v.chars().take(MAX_EXCERPT_CHARS) {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                ' '..='~' => out.push(c),
+                _ => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            }
+        }
+        if v.chars().nth(MAX_EXCERPT_CHARS).is_some() {
+            out.push('…');
+        }
+        Self(out)
+    }
+
+    /// Accepts an escaped form as [`of`](Self::of) writes it (printable
+    /// ASCII, an optional final `…`), so what is read can be printed as is.
+    pub fn parse(v: &str) -> Result<Self, ValidationError> {
+        let body = v.strip_suffix('…').unwrap_or(v);
+        if v.chars().count() <= Self::MAX_CHARS && all_ascii(body, |b| (b' '..=b'~').contains(&b)) {
+            Ok(Self(v.to_owned()))
+        } else {
+            Err(ValidationError::Excerpt(v.to_owned()))
+        }
     }
 }
 

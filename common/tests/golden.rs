@@ -178,6 +178,131 @@ fn upgrade_status_golden() {
     check("upgrade-status-minimal", &minimal);
 }
 
+fn refused_intent() -> RefusedIntent {
+    let mut fields = Bounded::default();
+    fields.push(FieldExcerpt::of("target-version", "1.0/../../etc/x"));
+    fields.push(FieldExcerpt::of(
+        "uuid",
+        "0f6e4c1a-6d0b-4c39-9b64-3f1d2a7e5c10",
+    ));
+    RefusedIntent {
+        reason: RefusalReason::Rejected,
+        intent: IntentRef {
+            sequence: Some(42),
+            digest: Sha256Hex::of(b"the intent as written"),
+            bytes: 331,
+            uuid: Some(attempt().uuid),
+        },
+        rule: IntentRule::InvalidTargetVersion,
+        fields,
+        error: BoundedText::truncate("the intent is not a valid attempt: invalid version \"1.0/../../etc/x\": use 1 to 64 ASCII characters from A-Z, a-z, 0-9, '.', '+', '_' and '-', starting with a letter or digit, without '..'"),
+        refused_at: t(1_000),
+    }
+}
+
+/// Issue 17 (item 3): an intent without a valid attempt identity is
+/// reported in its own form; both forms read as an `UpgradeReport`, and
+/// every status an older agent wrote still reads (as an attempt).
+#[test]
+fn upgrade_report_golden_and_backward_readable() {
+    let r = refused_intent();
+    check("upgrade-refused-intent", &r);
+    let minimal = RefusedIntent {
+        reason: RefusalReason::Rejected,
+        intent: IntentRef {
+            sequence: None,
+            digest: Sha256Hex::of(b"not json"),
+            bytes: 8,
+            uuid: None,
+        },
+        rule: IntentRule::Malformed,
+        fields: Bounded::default(),
+        error: BoundedText::truncate(
+            "the intent is not a valid attempt: expected ident at line 1 column 2",
+        ),
+        refused_at: t(0),
+    };
+    check("upgrade-refused-intent-minimal", &minimal);
+    check(
+        "upgrade-refused-intent",
+        &UpgradeReport::RefusedIntent(r.clone()),
+    );
+    check("upgrade-status", &UpgradeReport::Attempt(upgrade_status()));
+    for name in ["upgrade-status", "upgrade-status-minimal"] {
+        let old = std::fs::read_to_string(golden_path(name)).expect("golden");
+        let report: UpgradeReport = serde_json::from_str(&old).expect(name);
+        assert!(matches!(report, UpgradeReport::Attempt(_)), "{name}");
+    }
+    let v = serde_json::to_value(&r).expect("value");
+    assert_eq!(
+        (v["phase"].as_str(), v["reason"].as_str()),
+        (Some("failed"), Some("rejected"))
+    );
+
+    // Refusals: another phase or reason, unescaped excerpts, too many
+    // fields, neither form.
+    let mut bad = v.clone();
+    bad["phase"] = "complete".into();
+    let e = serde_json::from_value::<UpgradeReport>(bad).expect_err("phase");
+    assert!(
+        e.to_string()
+            .contains("a refused intent has phase failed, not complete"),
+        "{e}"
+    );
+    let mut bad = v.clone();
+    bad["reason"] = "download".into();
+    let e = serde_json::from_value::<UpgradeReport>(bad).expect_err("reason");
+    assert!(
+        e.to_string()
+            .contains("reason rejected or conflict, not download"),
+        "{e}"
+    );
+    let mut bad = v.clone();
+    bad["fields"][0]["excerpt"] = "1.0\u{0}\u{1b}[2J".into();
+    let e = serde_json::from_value::<UpgradeReport>(bad).expect_err("raw control characters");
+    assert!(
+        e.to_string()
+            .starts_with("invalid excerpt \"1.0\\0\\u{1b}[2J\""),
+        "{e}"
+    );
+    let mut bad = v.clone();
+    bad["fields"] = serde_json::Value::Array(vec![v["fields"][0].clone(); 9]);
+    let e = serde_json::from_value::<UpgradeReport>(bad).expect_err("9 fields");
+    assert!(
+        e.to_string()
+            .contains("9 entries, more than the limit of 8"),
+        "{e}"
+    );
+    let e = serde_json::from_str::<UpgradeReport>(r#"{"phase":"failed"}"#).expect_err("neither");
+    assert!(
+        e.to_string()
+            .starts_with("an upgrade report has attempt-uuid"),
+        "{e}"
+    );
+}
+
+#[test]
+fn excerpts_are_bounded_and_escaped() {
+    let cases = [
+        ("1.0/../../etc/x", "1.0/../../etc/x", 15),
+        ("1.0\u{0}", "1.0\\u{0}", 4),
+        ("\u{ff11}.\u{ff10}", "\\u{ff11}.\\u{ff10}", 3),
+        ("a\\u{0}\n\"", "a\\\\u{0}\\u{a}\"", 8),
+    ];
+    for (raw, excerpt, chars) in cases {
+        let f = FieldExcerpt::of("target-version", raw);
+        assert_eq!((f.excerpt.as_str(), f.chars), (excerpt, chars), "{raw:?}");
+        assert_eq!(Excerpt::parse(excerpt), Ok(f.excerpt.clone()), "reads back");
+    }
+    let long = FieldExcerpt::of("target-version", &"1".repeat(256));
+    assert_eq!(long.excerpt.as_str(), format!("{}…", "1".repeat(64)));
+    assert_eq!(long.chars, 256);
+    let worst = Excerpt::of(&"\u{10ffff}".repeat(1000));
+    assert_eq!(worst.as_str().chars().count(), Excerpt::MAX_CHARS);
+    assert_eq!(Excerpt::parse(worst.as_str()), Ok(worst.clone()));
+    assert!(Excerpt::parse("x…y").is_err(), "… only at the end");
+}
+
 #[test]
 fn every_phase_and_reason_is_kebab_case() {
     let phases = [

@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use fleet_common::contracts::{
-    AgentUpgradeAttempt, DeviceInfo, Heartbeat, UpgradeStatus, WorkloadsReport,
+    AgentUpgradeAttempt, DeviceInfo, Heartbeat, RefusedIntent, UpgradeReport, UpgradeStatus,
+    WorkloadsReport,
 };
 use fleet_common::subjects::{StatusKey, BUCKET_CONTROL, BUCKET_STATUS, INTENT_KEY};
 use fleet_common::validate::DeviceId;
@@ -31,7 +32,11 @@ pub struct DeviceView {
     pub id: DeviceId,
     pub info: Option<DeviceInfo>,
     pub heartbeat: Option<Heartbeat>,
+    /// `<device>.upgrade` when it holds an attempt's status.
     pub upgrade: Option<UpgradeStatus>,
+    /// `<device>.upgrade` when it holds an intent the agent refused
+    /// without a valid attempt identity.
+    pub refused_intent: Option<RefusedIntent>,
     pub workloads: Option<WorkloadsReport>,
     pub intent: Intent,
     /// Keys whose values could not be read, with why.
@@ -45,6 +50,7 @@ impl DeviceView {
             info: None,
             heartbeat: None,
             upgrade: None,
+            refused_intent: None,
             workloads: None,
             intent: Intent::default(),
             unreadable: Vec::new(),
@@ -120,7 +126,11 @@ pub fn read(
         match key {
             "info" => v.info = parse(&bytes, "info", &mut v.unreadable),
             "heartbeat" => v.heartbeat = parse(&bytes, "heartbeat", &mut v.unreadable),
-            "upgrade" => v.upgrade = parse(&bytes, "upgrade", &mut v.unreadable),
+            "upgrade" => match parse(&bytes, "upgrade", &mut v.unreadable) {
+                Some(UpgradeReport::Attempt(s)) => v.upgrade = Some(s),
+                Some(UpgradeReport::RefusedIntent(r)) => v.refused_intent = Some(r),
+                None => {}
+            },
             "workloads" => v.workloads = parse(&bytes, "workloads", &mut v.unreadable),
             _ => {}
         }

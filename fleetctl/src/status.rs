@@ -6,7 +6,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use fleet_common::contracts::WorkloadState;
+use fleet_common::contracts::{RefusedIntent, WorkloadState};
 use fleet_common::validate::DeviceId;
 use fleet_common::Timestamp;
 
@@ -35,10 +35,14 @@ fn cells(d: &DeviceView, now: Timestamp) -> [String; 6] {
             a
         }
     });
-    let upgrade = d.upgrade.as_ref().map_or_else(dash, |u| {
-        let reason = u.reason.map(|r| format!(" ({r})")).unwrap_or_default();
-        format!("{}{reason} {}", u.phase, u.target_version)
-    });
+    let upgrade = match (&d.upgrade, &d.refused_intent) {
+        (Some(u), _) => {
+            let reason = u.reason.map(|r| format!(" ({r})")).unwrap_or_default();
+            format!("{}{reason} {}", u.phase, u.target_version)
+        }
+        (None, Some(r)) => format!("failed ({}) intent: {}", r.reason.reason(), r.rule),
+        (None, None) => dash(),
+    };
     [
         d.id.to_string(),
         d.info
@@ -102,13 +106,24 @@ pub fn json_row(d: &DeviceView, now: Timestamp) -> serde_json::Value {
         "heartbeat-at": d.heartbeat.as_ref().map(|h| h.at),
         "heartbeat-age-secs": d.heartbeat.as_ref().map(|h| now.since(h.at).as_secs()),
         "stopped": d.heartbeat.as_ref().is_some_and(|h| h.stopping.is_some()),
-        "upgrade": d.upgrade.as_ref().map(|u| serde_json::json!({
-            "phase": u.phase,
-            "reason": u.reason,
-            "target-version": u.target_version,
-            "attempt-uuid": u.attempt_uuid,
-            "error": u.error,
-        })),
+        "upgrade": match (&d.upgrade, &d.refused_intent) {
+            (Some(u), _) => Some(serde_json::json!({
+                "phase": u.phase,
+                "reason": u.reason,
+                "target-version": u.target_version,
+                "attempt-uuid": u.attempt_uuid,
+                "error": u.error,
+            })),
+            (None, Some(r)) => Some(serde_json::json!({
+                "phase": "failed",
+                "reason": r.reason.reason(),
+                "target-version": null,
+                "attempt-uuid": null,
+                "error": r.error,
+                "refused-intent": r,
+            })),
+            (None, None) => None,
+        },
         "workloads-ready": d.workloads.as_ref().map(|w| w.ready().0),
         "workloads-total": d.workloads.as_ref().map(|w| w.ready().1),
         "unreadable": d.unreadable,
@@ -180,6 +195,16 @@ pub fn device(conn: &nats::Connection, device: &str) -> Result<String, CtlError>
         if let Some(e) = &u.error {
             let _ = writeln!(out, "  error: {e}");
         }
+    } else if let Some(r) = &v.refused_intent {
+        let _ = writeln!(out, "upgrade: {}", refused_intent_summary(r));
+        for f in r.fields.iter() {
+            let _ = writeln!(
+                out,
+                "  field {}: \"{}\" ({} characters)",
+                f.field, f.excerpt, f.chars
+            );
+        }
+        let _ = writeln!(out, "  error: {}", r.error);
     }
     match &v.workloads {
         Some(r) => {
@@ -210,6 +235,27 @@ pub fn device(conn: &nats::Connection, device: &str) -> Result<String, CtlError>
         let _ = writeln!(out, "unreadable: {u}");
     }
     Ok(out)
+}
+
+/// One line for an intent the agent refused without a valid attempt
+/// identity: which value, the rule, when. (Excerpts are escaped ASCII.)
+pub fn refused_intent_summary(r: &RefusedIntent) -> String {
+    let which = match r.intent.sequence {
+        Some(seq) => format!("sequence {seq}"),
+        None => format!("digest {}", r.intent.digest),
+    };
+    let uuid = r
+        .intent
+        .uuid
+        .map(|u| format!(", attempt {u}"))
+        .unwrap_or_default();
+    format!(
+        "failed ({}): the intent at {which} ({} bytes{uuid}) was refused ({}) at {}; it was not sent to the updater",
+        r.reason.reason(),
+        r.intent.bytes,
+        r.rule,
+        r.refused_at
+    )
 }
 
 pub fn state_name(s: WorkloadState) -> &'static str {

@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use fleet_common::contracts::{DeviceInfo, Heartbeat, UpgradeStatus, WorkloadsReport};
+use fleet_common::contracts::{DeviceInfo, Heartbeat, UpgradeReport, WorkloadsReport};
 use fleet_common::subjects::BUCKET_STATUS;
 use fleet_common::Timestamp;
 
@@ -35,17 +35,31 @@ pub fn line(e: &KvEntry, heartbeats: bool, now: Timestamp) -> Option<String> {
                 i.config_state.state.name()
             )
         }),
-        "upgrade" => serde_json::from_slice::<UpgradeStatus>(value).map_or_else(unreadable, |u| {
-            let reason = u.reason.map(|r| format!(" ({r})")).unwrap_or_default();
-            let mut s = format!(
-                "{}{reason} to {}, attempt {}",
-                u.phase, u.target_version, u.attempt_uuid
-            );
-            if let Some(err) = &u.error {
-                s.push_str(&format!("; error: {err}"));
-            }
-            s
-        }),
+        "upgrade" => {
+            serde_json::from_slice::<UpgradeReport>(value).map_or_else(unreadable, |report| {
+                match report {
+                    UpgradeReport::Attempt(u) => {
+                        let reason = u.reason.map(|r| format!(" ({r})")).unwrap_or_default();
+                        let mut s = format!(
+                            "{}{reason} to {}, attempt {}",
+                            u.phase, u.target_version, u.attempt_uuid
+                        );
+                        if let Some(err) = &u.error {
+                            s.push_str(&format!("; error: {err}"));
+                        }
+                        s
+                    }
+                    UpgradeReport::RefusedIntent(r) => {
+                        let mut s = crate::status::refused_intent_summary(&r);
+                        for f in r.fields.iter() {
+                            s.push_str(&format!("; {} \"{}\"", f.field, f.excerpt));
+                        }
+                        s.push_str(&format!("; error: {}", r.error));
+                        s
+                    }
+                }
+            })
+        }
         "workloads" => {
             serde_json::from_slice::<WorkloadsReport>(value).map_or_else(unreadable, |w| {
                 let (ready, total) = w.ready();

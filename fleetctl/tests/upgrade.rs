@@ -9,8 +9,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{
-    AgentUpgradeAttempt, ConfigState, ConfigStateReport, DeviceInfo, Freeze, Heartbeat,
-    UpgradePhase, UpgradeReason, UpgradeStatus,
+    AgentUpgradeAttempt, Bounded, ConfigState, ConfigStateReport, DeviceInfo, FieldExcerpt, Freeze,
+    Heartbeat, IntentRef, IntentRule, RefusalReason, RefusedIntent, UpgradePhase, UpgradeReason,
+    UpgradeStatus,
 };
 use fleet_common::subjects::kv_subject;
 use fleet_common::validate::{Arch, AttemptUuid, BoundedText, DeviceId, Version};
@@ -531,6 +532,89 @@ fn status_shows_the_fleet_and_watch_follows_it() {
     );
     let hb = with_beats.wait_for_line(" dev3 heartbeat: ", Duration::from_secs(20));
     assert!(hb.ends_with("dev3 heartbeat: up 35 s, configured"), "{hb}");
+}
+
+/// Issue 17 (item 3): an intent the agent refused without a valid attempt
+/// identity shows in `status`, `status --json`, `device status` and
+/// `watch`; a status an older agent wrote (an attempt's) still reads.
+#[test]
+fn refused_intents_show_in_status_device_status_and_watch() {
+    let f = Fleet::start(NatsVersion::V2_14);
+    f.info("dev1", "1.0", Arch::X86_64, false);
+    // What an agent of the previous release writes, byte for byte.
+    let a = release_attempt("dev1");
+    let old = serde_json::to_vec(&status_of(
+        &a,
+        UpgradePhase::Failed,
+        Some(UpgradeReason::Rejected),
+    ))
+    .expect("json");
+    f.put("fleet-status", "dev1.upgrade", &old);
+    let (code, out, err) = f.run(&["device", "status", "dev1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!(
+            "upgrade: failed (rejected) to 2.0, attempt {}",
+            a.uuid
+        )),
+        "{out}"
+    );
+
+    let watch = ChildGuard::spawn(f.command(&["watch"]), "fleetctl-watch");
+    watch.wait_for_line("watching fleet-status", Duration::from_secs(20));
+    let refused = RefusedIntent {
+        reason: RefusalReason::Rejected,
+        intent: IntentRef {
+            sequence: Some(42),
+            digest: fleet_common::validate::Sha256Hex::of(b"intent"),
+            bytes: 250,
+            uuid: Some(a.uuid),
+        },
+        rule: IntentRule::InvalidTargetVersion,
+        fields: {
+            let mut b = Bounded::default();
+            b.push(FieldExcerpt::of("target-version", "1.0\u{0}\u{1b}[2J"));
+            b
+        },
+        error: BoundedText::truncate(
+            "the intent is not a valid attempt: invalid version \"1.0\\0\"",
+        ),
+        refused_at: Timestamp::from_unix_millis(0),
+    };
+    f.put_json("fleet-status", "dev1.upgrade", &refused);
+    let (code, out, err) = f.run(&["device", "status", "dev1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!(
+            "upgrade: failed (rejected): the intent at sequence 42 (250 bytes, attempt {}) was refused (invalid-target-version) at 1970-01-01T00:00:00.000Z; it was not sent to the updater\n  field target-version: \"1.0\\u{{0}}\\u{{1b}}[2J\" (8 characters)\n  error: the intent is not a valid attempt: invalid version \"1.0\\0\"\n",
+            a.uuid
+        )),
+        "{out}"
+    );
+    assert!(!out.contains('\u{1b}'), "escaped: {out:?}");
+    let (code, out, _) = f.run(&["status"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("failed (rejected) intent: invalid-target-version"),
+        "{out}"
+    );
+    let (code, out, _) = f.run(&["status", "--json"]);
+    assert_eq!(code, 0);
+    let rows: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(rows[0]["upgrade"]["phase"], "failed");
+    assert_eq!(
+        rows[0]["upgrade"]["refused-intent"]["intent"]["sequence"],
+        42
+    );
+    assert_eq!(
+        rows[0]["upgrade"]["refused-intent"]["rule"],
+        "invalid-target-version"
+    );
+    let line = watch.wait_for_line("refused (invalid-target-version)", Duration::from_secs(20));
+    assert!(
+        line.ends_with("it was not sent to the updater; target-version \"1.0\\u{0}\\u{1b}[2J\"; error: the intent is not a valid attempt: invalid version \"1.0\\0\""),
+        "{line}"
+    );
 }
 
 #[test]

@@ -4,12 +4,21 @@
 //! this device and this architecture; then its UUID is checked against the
 //! attempts already seen ([`verdict`]). Pure functions: the worker decides
 //! what to publish and forward.
+//!
+//! A value that leaves no valid UUID or target version is described for a
+//! refused-intent report ([`Unidentified`]): the identity rule it broke and
+//! bounded, escaped excerpts of every field that fails its own rule.
 
 use std::fmt;
 
-use fleet_common::contracts::{AgentUpgradeAttempt, AttemptOutcome, SeenAttempts};
-use fleet_common::limits::{MAX_BOUND_ATTEMPTS, MAX_KV_VALUE_BYTES};
-use fleet_common::validate::{Arch, AttemptUuid, DeviceId, Sha256Hex, Version};
+use fleet_common::contracts::{
+    AgentUpgradeAttempt, AttemptOutcome, FieldExcerpt, IntentRule, SeenAttempts,
+};
+use fleet_common::limits::{MAX_BOUND_ATTEMPTS, MAX_INTENT_EXCERPTS, MAX_KV_VALUE_BYTES};
+use fleet_common::validate::{
+    Arch, ArtifactUrl, AttemptUuid, DeviceId, MaxBytes, Sha256Hex, Version,
+};
+use serde_json::{Map, Value};
 
 /// Why the agent refuses an intent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +63,76 @@ pub struct Rejection {
     /// not parse.
     pub digest: Sha256Hex,
     pub rule: Rule,
+    /// Set when the UUID or the target version is missing or invalid.
+    pub unidentified: Option<Box<Unidentified>>,
+}
+
+/// What a refused-intent report says of a value without a valid attempt
+/// identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unidentified {
+    pub rule: IntentRule,
+    /// Bytes of the value as written.
+    pub bytes: u64,
+    /// Every field that fails its own rule, and every unknown field, in
+    /// name order, at most [`MAX_INTENT_EXCERPTS`].
+    pub fields: Vec<FieldExcerpt>,
+}
+
+/// The identity rule `raw` breaks, if any, and its offending fields.
+fn inspect(raw: &[u8]) -> Option<Box<Unidentified>> {
+    let bytes = u64::try_from(raw.len()).unwrap_or(u64::MAX);
+    let described = |rule, fields| {
+        Some(Box::new(Unidentified {
+            rule,
+            bytes,
+            fields,
+        }))
+    };
+    if raw.len() > MAX_KV_VALUE_BYTES {
+        return described(IntentRule::TooLarge, Vec::new());
+    }
+    let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(raw) else {
+        return described(IntentRule::Malformed, Vec::new());
+    };
+    let fields = offending_fields(&map);
+    let rule = match (map.get("uuid"), map.get("target-version")) {
+        (None, _) => IntentRule::MissingUuid,
+        (Some(u), _) if !valid_field("uuid", u) => IntentRule::InvalidUuid,
+        (_, None) => IntentRule::MissingTargetVersion,
+        (_, Some(v)) if !valid_field("target-version", v) => IntentRule::InvalidTargetVersion,
+        _ => return None,
+    };
+    described(rule, fields)
+}
+
+/// Whether attempt field `name` holds a valid value; false for a field an
+/// attempt does not have.
+fn valid_field(name: &str, v: &Value) -> bool {
+    fn ok<T: serde::de::DeserializeOwned>(v: &Value) -> bool {
+        T::deserialize(v).is_ok()
+    }
+    match name {
+        "arch" => ok::<Arch>(v),
+        "artifact-url" => ok::<ArtifactUrl>(v),
+        "device-id" => ok::<DeviceId>(v),
+        "max-bytes" => ok::<MaxBytes>(v),
+        "sha256" => ok::<Sha256Hex>(v),
+        "target-version" => ok::<Version>(v),
+        "uuid" => ok::<AttemptUuid>(v),
+        _ => false,
+    }
+}
+
+fn offending_fields(map: &Map<String, Value>) -> Vec<FieldExcerpt> {
+    map.iter()
+        .filter(|(name, v)| !valid_field(name, v))
+        .take(MAX_INTENT_EXCERPTS)
+        .map(|(name, v)| match v {
+            Value::String(text) => FieldExcerpt::of(name, text),
+            other => FieldExcerpt::of(name, &other.to_string()),
+        })
+        .collect()
 }
 
 /// Validates the raw intent for `device` on `arch`.
@@ -61,7 +140,7 @@ pub fn decode(
     raw: &[u8],
     device: &DeviceId,
     arch: Arch,
-) -> Result<(AgentUpgradeAttempt, Sha256Hex), Rejection> {
+) -> Result<(AgentUpgradeAttempt, Sha256Hex), Box<Rejection>> {
     let raw_identity = || {
         let v: Option<serde_json::Value> = serde_json::from_slice(raw).ok();
         let field = |name: &str| {
@@ -76,31 +155,36 @@ pub fn decode(
         )
     };
     if raw.len() > MAX_KV_VALUE_BYTES {
-        return Err(Rejection {
+        return Err(Box::new(Rejection {
             uuid: None,
             target_version: None,
             digest: Sha256Hex::of(raw),
             rule: Rule::TooLarge { bytes: raw.len() },
-        });
+            unidentified: inspect(raw),
+        }));
     }
     let attempt: AgentUpgradeAttempt = match serde_json::from_slice(raw) {
         Ok(a) => a,
         Err(e) => {
             let (uuid, target_version) = raw_identity();
-            return Err(Rejection {
+            return Err(Box::new(Rejection {
                 uuid,
                 target_version,
                 digest: Sha256Hex::of(raw),
                 rule: Rule::Invalid(e.to_string()),
-            });
+                unidentified: inspect(raw),
+            }));
         }
     };
     let digest = attempt.digest();
-    let refuse = |rule| Rejection {
-        uuid: Some(attempt.uuid),
-        target_version: Some(attempt.target_version.clone()),
-        digest: digest.clone(),
-        rule,
+    let refuse = |rule| {
+        Box::new(Rejection {
+            uuid: Some(attempt.uuid),
+            target_version: Some(attempt.target_version.clone()),
+            digest: digest.clone(),
+            rule,
+            unidentified: None,
+        })
     };
     if &attempt.device_id != device {
         return Err(refuse(Rule::OtherDevice {
@@ -276,6 +360,114 @@ mod tests {
                 MAX_KV_VALUE_BYTES + 1
             )
         );
+    }
+
+    /// Issue 17 (item 3): each value without a valid attempt identity is
+    /// described for a refused-intent report, quoting the offending fields.
+    #[test]
+    fn values_without_an_identity_are_described() {
+        let good = serde_json::to_value(attempt()).expect("value");
+        let with = |field: &str, v: Value| {
+            let mut x = good.clone();
+            x[field] = v;
+            serde_json::to_vec(&x).expect("json")
+        };
+        let long = "1".repeat(256);
+        let cases: [(Vec<u8>, IntentRule, &str, &str); 5] = [
+            (
+                with("target-version", "1.0/../../etc/x".into()),
+                IntentRule::InvalidTargetVersion,
+                "target-version",
+                "1.0/../../etc/x",
+            ),
+            (
+                with("target-version", "1.0\u{0}".into()),
+                IntentRule::InvalidTargetVersion,
+                "target-version",
+                "1.0\\u{0}",
+            ),
+            (
+                with("target-version", "\u{ff11}.\u{ff10}".into()),
+                IntentRule::InvalidTargetVersion,
+                "target-version",
+                "\\u{ff11}.\\u{ff10}",
+            ),
+            (
+                with("target-version", long.as_str().into()),
+                IntentRule::InvalidTargetVersion,
+                "target-version",
+                &format!("{}…", "1".repeat(64)),
+            ),
+            (
+                with("uuid", "not-a-uuid".into()),
+                IntentRule::InvalidUuid,
+                "uuid",
+                "not-a-uuid",
+            ),
+        ];
+        for (raw, rule, field, excerpt) in &cases {
+            let r = decode(raw, &device(), Arch::X86_64).expect_err(excerpt);
+            let u = r.unidentified.expect("described");
+            assert_eq!(u.rule, *rule, "{excerpt}");
+            assert_eq!(u.bytes, raw.len() as u64);
+            assert_eq!(u.fields.len(), 1, "{:?}", u.fields);
+            assert_eq!(
+                (u.fields[0].field.as_str(), u.fields[0].excerpt.as_str()),
+                (*field, *excerpt)
+            );
+        }
+        // Both identity fields bad, plus an unknown field: the UUID's rule,
+        // every offender quoted in name order.
+        let mut x = good.clone();
+        x["uuid"] = 7.into();
+        x["target-version"] = "..".into();
+        x["extra"] = serde_json::json!({"a": [1]});
+        let raw = serde_json::to_vec(&x).expect("json");
+        let u = decode(&raw, &device(), Arch::X86_64)
+            .expect_err("bad")
+            .unidentified
+            .expect("described");
+        assert_eq!(u.rule, IntentRule::InvalidUuid);
+        let quoted: Vec<(&str, &str)> = u
+            .fields
+            .iter()
+            .map(|f| (f.field.as_str(), f.excerpt.as_str()))
+            .collect();
+        assert_eq!(
+            quoted,
+            [
+                ("extra", "{\"a\":[1]}"),
+                ("target-version", ".."),
+                ("uuid", "7")
+            ]
+        );
+        // Missing fields, not an object, too large.
+        let mut x = good.clone();
+        x.as_object_mut().expect("object").remove("target-version");
+        let raw = serde_json::to_vec(&x).expect("json");
+        let u = decode(&raw, &device(), Arch::X86_64)
+            .expect_err("missing")
+            .unidentified
+            .expect("described");
+        assert_eq!(
+            (u.rule, u.fields.len()),
+            (IntentRule::MissingTargetVersion, 0)
+        );
+        for (raw, rule) in [
+            (b"[1]".to_vec(), IntentRule::Malformed),
+            (b"{".to_vec(), IntentRule::Malformed),
+            (vec![b' '; MAX_KV_VALUE_BYTES + 1], IntentRule::TooLarge),
+        ] {
+            let u = decode(&raw, &device(), Arch::X86_64)
+                .expect_err("bad")
+                .unidentified
+                .expect("described");
+            assert_eq!(u.rule, rule);
+        }
+        // A valid identity with another invalid field keeps the attempt form.
+        let r = decode(&with("sha256", "ABC".into()), &device(), Arch::X86_64).expect_err("sha");
+        assert_eq!(r.unidentified, None);
+        assert!(r.uuid.is_some() && r.target_version.is_some());
     }
 
     #[test]

@@ -18,7 +18,9 @@
 //! send one `upgrade` request; poll `status` every second and publish each
 //! change, `complete` included; record the outcome. A refused attempt is
 //! published as `failed` with reason `rejected` or `conflict` and an error
-//! naming the rule.
+//! naming the rule; an intent refused without a valid UUID or target
+//! version is published as a refused intent (its sequence and digest, the
+//! identity rule it broke, escaped excerpts of the offending fields).
 //!
 //! On SIGTERM, when the updater is stopping this agent for a cutover, the
 //! worker publishes `stopping` with reason `updater` and the drain
@@ -36,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fleet_common::contracts::{AttemptOutcome, UpgradePhase, UpgradeStatus};
+use fleet_common::contracts::{AttemptOutcome, UpgradePhase, UpgradeReport, UpgradeStatus};
 use fleet_common::limits::{NATS_REQUEST_TIMEOUT, SOCKET_STATUS_RESPONSE_TIMEOUT};
 use fleet_common::subjects::{status_key, StatusKey, BUCKET_CONTROL, BUCKET_STATUS, INTENT_KEY};
 use fleet_common::validate::{Arch, AttemptUuid, Version};
@@ -234,7 +236,7 @@ impl UpgradeState {
             tx: self.tx.clone(),
             shutdown: Arc::clone(&s.shutdown),
             recovered: s.recovered.filter(|r| !r.phase.is_terminal()),
-            published,
+            published: published.map(UpgradeReport::Attempt),
         });
         let thread =
             threads::spawn("agent-upgrade", move || worker.run(&rx)).map_err(|source| {

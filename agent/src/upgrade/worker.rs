@@ -18,12 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{
-    AgentUpgradeAttempt, AttemptOutcome, BindError, ErrorCode, Response, UpdaterReply,
-    UpgradePhase, UpgradeReason, UpgradeStatus,
+    AgentUpgradeAttempt, AttemptOutcome, BindError, Bounded, ErrorCode, IntentRef, RefusalReason,
+    RefusedIntent, Response, UpdaterReply, UpgradePhase, UpgradeReason, UpgradeReport,
+    UpgradeStatus,
 };
 use fleet_common::limits::{NATS_REQUEST_TIMEOUT, SOCKET_STATUS_RESPONSE_TIMEOUT};
 use fleet_common::socket::ClientError;
-use fleet_common::subjects::{status_key, StatusKey, BUCKET_STATUS};
+use fleet_common::subjects::{status_key, StatusKey, BUCKET_CONTROL, BUCKET_STATUS, INTENT_KEY};
 use fleet_common::validate::{Arch, AttemptUuid, BoundedText, DeviceId, Sha256Hex, Version};
 use fleet_common::Timestamp;
 
@@ -31,7 +32,7 @@ use super::intent::{self, Verdict};
 use super::seen::SeenStore;
 use super::updater::{self, StatusError};
 use super::{outcome_of, UpgradeState};
-use crate::nats::{kv, Nats};
+use crate::nats::{kv, read_key, Nats};
 use crate::shutdown::Shutdown;
 use crate::threads;
 
@@ -140,7 +141,7 @@ pub struct Setup {
     /// A transaction found at start that has not ended: followed at once.
     pub recovered: Option<UpgradeStatus>,
     /// What start-up already published.
-    pub published: Option<UpgradeStatus>,
+    pub published: Option<UpgradeReport>,
 }
 
 #[derive(Debug)]
@@ -149,7 +150,7 @@ pub struct Worker {
     intent: Option<Vec<u8>>,
     handling: Handling,
     tracked: Option<Tracked>,
-    unpublished: Option<UpgradeStatus>,
+    unpublished: Option<UpgradeReport>,
     next_poll: Instant,
 }
 
@@ -224,9 +225,20 @@ impl Worker {
         uuid.to_string()
     }
 
-    /// Queues `status` for `<device>.upgrade` and tries to write it now.
-    fn publish(&mut self, status: UpgradeStatus) {
-        self.unpublished = Some(status);
+    /// Names a report in a log line: its attempt, or the refused intent.
+    fn report_label(report: &UpgradeReport) -> String {
+        match report {
+            UpgradeReport::Attempt(s) => Self::attempt_label(&s.attempt_uuid),
+            UpgradeReport::RefusedIntent(r) => match r.intent.sequence {
+                Some(seq) => format!("intent at sequence {seq}"),
+                None => format!("intent {}", r.intent.digest),
+            },
+        }
+    }
+
+    /// Queues `report` for `<device>.upgrade` and tries to write it now.
+    fn publish(&mut self, report: impl Into<UpgradeReport>) {
+        self.unpublished = Some(report.into());
         self.flush();
     }
 
@@ -247,7 +259,7 @@ impl Worker {
             NATS_REQUEST_TIMEOUT,
         ) {
             Ok(_) => {
-                log::info!(attempt = Self::attempt_label(&status.attempt_uuid).as_str(); "upgrade status {}{} published", status.phase, status.reason.map(|r| format!(" ({r})")).unwrap_or_default());
+                log::info!(attempt = Self::report_label(&status).as_str(); "upgrade status {}{} published", status.phase(), status.reason().map(|r| format!(" ({r})")).unwrap_or_default());
                 self.s.published = Some(status);
             }
             Err(e) => {
@@ -267,7 +279,7 @@ impl Worker {
         };
         let (attempt, digest) = match intent::decode(&raw, &self.s.device, self.s.arch) {
             Ok(ok) => ok,
-            Err(r) => return self.reject(r),
+            Err(r) => return self.reject(*r),
         };
         let uuid = Self::attempt_label(&attempt.uuid);
         match intent::verdict(self.s.seen.attempts(), &attempt.uuid, &digest) {
@@ -313,14 +325,18 @@ impl Worker {
     }
 
     /// Publishes `failed` (`rejected`) for an intent the agent refuses,
-    /// once per content.
+    /// once per content: under its attempt when its UUID and target
+    /// version are valid, as a refused intent otherwise. A valid UUID is
+    /// recorded (a corrected intent needs a new UUID); a value without one
+    /// is published once while it stays the intent (again after a restart,
+    /// or when the same bytes come back under another sequence).
     fn reject(&mut self, r: intent::Rejection) {
-        let (Some(uuid), Some(version)) = (r.uuid, r.target_version.clone()) else {
+        let Some(uuid) = r.uuid else {
             log::error!(
-                "refused the upgrade intent and cannot report it under an attempt: {}",
+                "refused the upgrade intent, which has no valid attempt uuid: {}",
                 r.rule
             );
-            return;
+            return self.publish_refused_intent(r, RefusalReason::Rejected, None);
         };
         let label = Self::attempt_label(&uuid);
         match intent::verdict(self.s.seen.attempts(), &uuid, &r.digest) {
@@ -331,7 +347,12 @@ impl Worker {
             Verdict::Conflict { earlier } => {
                 let why = intent::conflict_message(&uuid, &earlier, &r.digest);
                 log::error!(attempt = label.as_str(); "refused: {why}");
-                return self.publish_refusal(uuid, r.digest, version, UpgradeReason::Conflict, why);
+                return match r.target_version.clone() {
+                    Some(version) => {
+                        self.publish_refusal(uuid, r.digest, version, UpgradeReason::Conflict, why)
+                    }
+                    None => self.publish_refused_intent(r, RefusalReason::Conflict, Some(why)),
+                };
             }
             Verdict::New | Verdict::Forwarded | Verdict::Full => {}
         }
@@ -339,18 +360,90 @@ impl Worker {
         if let Err(e) = self.s.seen.record(
             uuid,
             r.digest.clone(),
-            Some(version.clone()),
+            r.target_version.clone(),
             AttemptOutcome::Rejected,
         ) {
             log::error!("{e}");
         }
-        self.publish_refusal(
-            uuid,
-            r.digest,
-            version,
-            UpgradeReason::Rejected,
-            r.rule.to_string(),
-        );
+        match r.target_version.clone() {
+            Some(version) => self.publish_refusal(
+                uuid,
+                r.digest,
+                version,
+                UpgradeReason::Rejected,
+                r.rule.to_string(),
+            ),
+            None => self.publish_refused_intent(r, RefusalReason::Rejected, None),
+        }
+    }
+
+    /// Publishes a refused intent for `r`, which has no valid UUID or no
+    /// valid target version; not again while the same value (the same
+    /// bytes at the same sequence) is the last report published. `why`
+    /// replaces the rule's message.
+    fn publish_refused_intent(
+        &mut self,
+        r: intent::Rejection,
+        reason: RefusalReason,
+        why: Option<String>,
+    ) {
+        let Some(u) = r.unidentified else {
+            // INVARIANT: decode describes every value it leaves without a
+            // UUID or a target version.
+            log::error!(
+                "refused the upgrade intent and cannot describe it: {}",
+                r.rule
+            );
+            return;
+        };
+        // The same value (same bytes, same sequence when it could be read)
+        // already reported: a snapshot after a reconnect reads it again.
+        let sequence = self.sequence_of(&r.digest);
+        let same = |p: &UpgradeReport| {
+            matches!(p, UpgradeReport::RefusedIntent(p)
+                if p.intent.digest == r.digest
+                    && p.reason == reason
+                    && (sequence.is_none() || p.intent.sequence == sequence))
+        };
+        if self.s.published.as_ref().is_some_and(same)
+            || self.unpublished.as_ref().is_some_and(same)
+        {
+            log::debug!("intent {} refused before: {}", r.digest, r.rule);
+            return;
+        }
+        let mut fields = Bounded::default();
+        for f in u.fields {
+            fields.push(f);
+        }
+        let report = RefusedIntent {
+            reason,
+            intent: IntentRef {
+                sequence,
+                digest: r.digest,
+                bytes: u.bytes,
+                uuid: r.uuid,
+            },
+            rule: u.rule,
+            fields,
+            error: BoundedText::truncate(why.unwrap_or_else(|| r.rule.to_string())),
+            refused_at: Timestamp::now(),
+        };
+        self.publish(UpgradeReport::RefusedIntent(report));
+    }
+
+    /// The `fleet-control` sequence of the intent whose bytes hash to
+    /// `digest`, read again (one Direct Get): `None` when the key has
+    /// changed since (its new value comes as its own event) or the read
+    /// failed.
+    fn sequence_of(&self, digest: &Sha256Hex) -> Option<u64> {
+        match read_key(&self.s.nats, BUCKET_CONTROL, INTENT_KEY) {
+            Ok(k) if k.value.as_deref().map(Sha256Hex::of).as_ref() == Some(digest) => Some(k.seq),
+            Ok(_) => None,
+            Err(e) => {
+                log::warn!("reading the intent's sequence: {e}; reporting the refusal without it");
+                None
+            }
+        }
     }
 
     fn publish_refusal(
@@ -491,7 +584,11 @@ impl Worker {
         log::error!(attempt = Self::attempt_label(&t.uuid).as_str(); "the upgrade to {} failed ({reason}): {why}", t.target_version);
         let now = Timestamp::now();
         let mut s = match &self.s.published {
-            Some(p) if p.attempt_uuid == t.uuid && p.attempt_digest == t.digest => p.clone(),
+            Some(UpgradeReport::Attempt(p))
+                if p.attempt_uuid == t.uuid && p.attempt_digest == t.digest =>
+            {
+                p.clone()
+            }
             _ => UpgradeStatus::begin(
                 t.uuid,
                 t.digest.clone(),

@@ -38,7 +38,10 @@ pub use seen::{
     AttemptBinding, AttemptBindings, AttemptOutcome, BindError, SeenAttempt, SeenAttempts,
 };
 pub use selftest::{SelfTestCheck, SelfTestReport};
-pub use status::{StatusTransition, UpgradePhase, UpgradeReason, UpgradeStatus};
+pub use status::{
+    FieldExcerpt, IntentRef, IntentRule, RefusalReason, RefusedIntent, StatusTransition,
+    UpgradePhase, UpgradeReason, UpgradeReport, UpgradeStatus,
+};
 pub use workload::{
     AppliedSpecs, DesiredWorkloads, DesiredWorkloadsRaw, ImageRef, PortMapping, Protocol,
     PullPolicy, RestartPolicy, SpecError, SpecParseError, VolumeMount, WorkloadSpec, WorkloadState,
