@@ -3,7 +3,9 @@
 //! here, naming the field) and written in its canonical form.
 //!
 //! Generation-2 agents read one document per device, `fleet-workloads`
-//! `<device>.desired` ([`DesiredWorkloads`]): apply and rm read it, change
+//! `<device>.desired` (`DesiredWorkloads`): apply and rm read it (every
+//! other spec kept as written, valid or not, so an invalid one can be
+//! replaced or removed), change
 //! one workload and write it back by compare-and-set (re-read and retried
 //! when another operator wrote in between). Agent 0.1.0 reads
 //! `fleet-desired` `<device>.<workload>`: as long as that bucket exists (a
@@ -14,9 +16,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use fleet_common::contracts::{
-    DesiredWorkloads, DesiredWorkloadsRaw, WorkloadSpec, WorkloadsReport,
-};
+use fleet_common::contracts::{DesiredWorkloadsRaw, WorkloadSpec, WorkloadsReport};
 use fleet_common::durable;
 use fleet_common::limits::{MAX_DESIRED_DOC_BYTES, MAX_KV_VALUE_BYTES, MAX_WORKLOADS_PER_DEVICE};
 use fleet_common::subjects::{
@@ -68,13 +68,16 @@ pub fn apply(
     let spec = WorkloadSpec::from_json(&bytes)
         .map_err(|e| CtlError::Input(format!("{}: {e}", file.display())))?;
     let canonical = serde_json::to_vec(&spec).map_err(|e| CtlError::Input(e.to_string()))?;
+    let raw = serde_json::value::to_raw_value(&spec).map_err(|e| CtlError::Input(e.to_string()))?;
     let rev = edit_document(conn, &d, |doc| {
-        if !doc.workloads.contains_key(&w) && doc.workloads.len() >= MAX_WORKLOADS_PER_DEVICE {
+        if !doc.workloads.contains_key(w.as_str())
+            && doc.workloads.len() >= MAX_WORKLOADS_PER_DEVICE
+        {
             return Err(CtlError::Input(format!(
                 "device {d} already has {MAX_WORKLOADS_PER_DEVICE} workloads, the most one device runs"
             )));
         }
-        doc.workloads.insert(w.clone(), spec.clone());
+        doc.workloads.insert(w.as_str().to_owned(), raw.clone());
         Ok(())
     })?;
     if let Some(legacy) = legacy_store(conn)? {
@@ -90,7 +93,7 @@ pub fn apply(
 pub fn rm(conn: &nats::Connection, device: &str, workload: &str) -> Result<(), CtlError> {
     let (d, w) = ids(device, workload)?;
     edit_document(conn, &d, |doc| {
-        doc.workloads.remove(&w);
+        doc.workloads.remove(w.as_str());
         Ok(())
     })?;
     if let Some(legacy) = legacy_store(conn)? {
@@ -106,24 +109,25 @@ pub fn rm(conn: &nats::Connection, device: &str, workload: &str) -> Result<(), C
 /// attempt means another operator wrote that device in between).
 const CAS_ATTEMPTS: usize = 5;
 
-/// A device's desired-workloads document and its revision (`None`: never
-/// written, or deleted).
-pub fn read_document(
-    conn: &nats::Connection,
+/// A device's document as written (each spec kept as its JSON, valid or
+/// not, so that an operator can replace or remove an invalid one) and its
+/// revision (`None`: never written, or deleted).
+fn read_raw_document(
+    store: &nats::kv::Store,
     device: &DeviceId,
-) -> Result<(DesiredWorkloads, Option<u64>), CtlError> {
+) -> Result<(DesiredWorkloadsRaw, Option<u64>), CtlError> {
     let key = desired_doc_key(device);
-    let entry = kv(conn, BUCKET_WORKLOADS)?
+    let entry = store
         .entry(&key)
         .map_err(CtlError::nats(format!("reading {BUCKET_WORKLOADS} {key}")))?;
     match entry {
-        None => Ok((DesiredWorkloads::default(), None)),
-        Some(e) if e.value.is_empty() => Ok((DesiredWorkloads::default(), Some(e.revision))),
-        Some(e) => serde_json::from_slice::<DesiredWorkloads>(&e.value)
+        None => Ok((DesiredWorkloadsRaw::default(), None)),
+        Some(e) if e.value.is_empty() => Ok((DesiredWorkloadsRaw::default(), Some(e.revision))),
+        Some(e) => DesiredWorkloadsRaw::from_json(&e.value)
             .map(|doc| (doc, Some(e.revision)))
             .map_err(|err| {
                 CtlError::Refused(format!(
-                    "{BUCKET_WORKLOADS} {key} (revision {}) is not a valid desired-workloads document: {err}; inspect it with `nats kv get {BUCKET_WORKLOADS} {key}` and rewrite or delete it",
+                    "{BUCKET_WORKLOADS} {key} (revision {}): {err}; inspect it with `nats kv get {BUCKET_WORKLOADS} {key}`, then rewrite or delete it",
                     e.revision
                 ))
             }),
@@ -135,12 +139,12 @@ pub fn read_document(
 fn edit_document(
     conn: &nats::Connection,
     device: &DeviceId,
-    mut edit: impl FnMut(&mut DesiredWorkloads) -> Result<(), CtlError>,
+    mut edit: impl FnMut(&mut DesiredWorkloadsRaw) -> Result<(), CtlError>,
 ) -> Result<u64, CtlError> {
     let store = kv(conn, BUCKET_WORKLOADS)?;
     let key = desired_doc_key(device);
     for _ in 0..CAS_ATTEMPTS {
-        let (mut doc, revision) = read_document(conn, device)?;
+        let (mut doc, revision) = read_raw_document(&store, device)?;
         edit(&mut doc)?;
         let bytes = serde_json::to_vec(&doc).map_err(|e| CtlError::Input(e.to_string()))?;
         if bytes.len() > MAX_DESIRED_DOC_BYTES {

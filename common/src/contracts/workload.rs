@@ -369,7 +369,7 @@ pub struct DesiredWorkloads {
 /// [`DesiredWorkloads`] as the agent first parses it: the document's shape
 /// checked, each spec kept as its raw JSON to be validated on its own (an
 /// invalid spec is reported as such; the others apply).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct DesiredWorkloadsRaw {
     pub workloads: BTreeMap<String, Box<serde_json::value::RawValue>>,
