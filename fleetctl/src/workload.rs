@@ -44,15 +44,8 @@ pub fn kv(conn: &nats::Connection, bucket: &str) -> Result<nats::kv::Store, CtlE
         )))
 }
 
-/// Validates the spec in `file` (`-`: stdin) and puts it; returns the
-/// revision and the spec hash.
-pub fn apply(
-    conn: &nats::Connection,
-    device: &str,
-    workload: &str,
-    file: &Path,
-) -> Result<(u64, String), CtlError> {
-    let (d, w) = ids(device, workload)?;
+/// Reads and validates the spec in `file` (`-`: stdin).
+pub fn read_spec(file: &Path) -> Result<WorkloadSpec, CtlError> {
     let bytes = if file == Path::new("-") {
         let mut b = Vec::new();
         std::io::Read::read_to_end(
@@ -65,11 +58,34 @@ pub fn apply(
         durable::read_bounded(file, MAX_KV_VALUE_BYTES as u64)
             .map_err(|e| CtlError::Input(e.to_string()))?
     };
-    let spec = WorkloadSpec::from_json(&bytes)
-        .map_err(|e| CtlError::Input(format!("{}: {e}", file.display())))?;
-    let canonical = serde_json::to_vec(&spec).map_err(|e| CtlError::Input(e.to_string()))?;
-    let rev = edit_document(conn, &d, |doc| {
-        if !doc.workloads.contains_key(&w) && doc.workloads.len() >= MAX_WORKLOADS_PER_DEVICE {
+    WorkloadSpec::from_json(&bytes).map_err(|e| CtlError::Input(format!("{}: {e}", file.display())))
+}
+
+/// Validates the spec in `file` (`-`: stdin) and puts it; returns the
+/// revision and the spec hash.
+pub fn apply(
+    conn: &nats::Connection,
+    device: &str,
+    workload: &str,
+    file: &Path,
+) -> Result<(u64, String), CtlError> {
+    let (d, w) = ids(device, workload)?;
+    let spec = read_spec(file)?;
+    let rev = put_spec(conn, &d, &w, &spec)?;
+    Ok((rev, spec.spec_hash().as_str().to_owned()))
+}
+
+/// Puts `spec` as `d`'s workload `w` (document by compare-and-set, then
+/// the legacy key while it exists); returns the document's revision.
+pub fn put_spec(
+    conn: &nats::Connection,
+    d: &DeviceId,
+    w: &WorkloadName,
+    spec: &WorkloadSpec,
+) -> Result<u64, CtlError> {
+    let canonical = serde_json::to_vec(spec).map_err(|e| CtlError::Input(e.to_string()))?;
+    let rev = edit_document(conn, d, |doc| {
+        if !doc.workloads.contains_key(w) && doc.workloads.len() >= MAX_WORKLOADS_PER_DEVICE {
             return Err(CtlError::Input(format!(
                 "device {d} already has {MAX_WORKLOADS_PER_DEVICE} workloads, the most one device runs"
             )));
@@ -78,23 +94,32 @@ pub fn apply(
         Ok(())
     })?;
     if let Some(legacy) = legacy_store(conn)? {
-        let key = desired_key(&d, &w);
+        let key = desired_key(d, w);
         legacy.put(&key, canonical).map_err(CtlError::nats(format!(
             "writing {BUCKET_DESIRED} {key} (for agents 0.1.0)"
         )))?;
     }
-    Ok((rev, spec.spec_hash().as_str().to_owned()))
+    Ok(rev)
 }
 
 /// Removes a desired workload (the agent removes its container).
 pub fn rm(conn: &nats::Connection, device: &str, workload: &str) -> Result<(), CtlError> {
     let (d, w) = ids(device, workload)?;
-    edit_document(conn, &d, |doc| {
-        doc.workloads.remove(&w);
+    remove_spec(conn, &d, &w)
+}
+
+/// Removes `d`'s workload `w` (document, then the legacy key).
+pub fn remove_spec(
+    conn: &nats::Connection,
+    d: &DeviceId,
+    w: &WorkloadName,
+) -> Result<(), CtlError> {
+    edit_document(conn, d, |doc| {
+        doc.workloads.remove(w);
         Ok(())
     })?;
     if let Some(legacy) = legacy_store(conn)? {
-        let key = desired_key(&d, &w);
+        let key = desired_key(d, w);
         legacy.delete(&key).map_err(CtlError::nats(format!(
             "deleting {BUCKET_DESIRED} {key} (for agents 0.1.0)"
         )))?;
@@ -170,7 +195,7 @@ fn edit_document(
 }
 
 /// Whether a KV write failed the compare-and-set check.
-fn is_wrong_last_sequence(e: &std::io::Error) -> bool {
+pub fn is_wrong_last_sequence(e: &std::io::Error) -> bool {
     let text = e.to_string();
     text.contains("wrong last sequence") || text.contains("10071") || text.contains("key exists")
 }
