@@ -8,6 +8,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
+use fleet_common::contracts::WorkloadSpec;
 use fleet_common::validate::WorkloadName;
 
 use crate::error::CtlError;
@@ -50,8 +51,8 @@ pub fn apply(
                 failed += 1;
                 format!("{id}: failed: {e}")
             }
-            Ok((doc, _)) => match doc.workloads.get(&w) {
-                Some(current) if *current == spec => {
+            Ok((doc, _)) => match doc.spec(&w) {
+                Some(Ok(current)) if current == spec => {
                     unchanged += 1;
                     format!("{id}: unchanged ({w} spec {short})")
                 }
@@ -119,7 +120,7 @@ pub fn rm(
     for d in &devices {
         let id = &d.view.id;
         let line = match read_document(conn, id) {
-            Ok((doc, _)) if !doc.workloads.contains_key(&w) => {
+            Ok((doc, _)) if doc.spec(&w).is_none() => {
                 absent += 1;
                 format!("{id}: has no {w}")
             }
@@ -166,13 +167,20 @@ pub fn ls(conn: &nats::Connection, sel: &Selector) -> Result<String, CtlError> {
         if doc.workloads.is_empty() {
             let _ = writeln!(out, "{id}: no desired workloads");
         }
-        for (w, spec) in &doc.workloads {
-            let _ = writeln!(
-                out,
-                "{id}: {w}: image {}, spec {}",
-                spec.image,
-                &spec.spec_hash().as_str()[..12]
-            );
+        for (w, raw) in &doc.workloads {
+            match WorkloadSpec::from_json(raw.get().as_bytes()) {
+                Ok(spec) => {
+                    let _ = writeln!(
+                        out,
+                        "{id}: {w}: image {}, spec {}",
+                        spec.image,
+                        &spec.spec_hash().as_str()[..12]
+                    );
+                }
+                Err(e) => {
+                    let _ = writeln!(out, "{id}: {w}: invalid spec ({e})");
+                }
+            }
         }
     }
     if devices.is_empty() {

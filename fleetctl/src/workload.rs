@@ -3,8 +3,9 @@
 //! here, naming the field) and written in its canonical form.
 //!
 //! Generation-2 agents read one document per device, `fleet-workloads`
-//! `<device>.desired` ([`DesiredWorkloads`]): apply and rm read it, change
-//! one workload and write it back by compare-and-set (re-read and retried
+//! `<device>.desired` (`DesiredWorkloads`): apply and rm read it, change
+//! one workload (the others kept as written, an invalid one included) and
+//! write it back by compare-and-set (re-read and retried
 //! when another operator wrote in between). Agent 0.1.0 reads
 //! `fleet-desired` `<device>.<workload>`: as long as that bucket exists (a
 //! fleet that may still run 0.1.0, or roll back to it), the same change is
@@ -14,9 +15,9 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use fleet_common::contracts::{
-    DesiredWorkloads, DesiredWorkloadsRaw, WorkloadSpec, WorkloadsReport,
-};
+use std::collections::BTreeMap;
+
+use fleet_common::contracts::{DesiredWorkloadsRaw, WorkloadSpec, WorkloadsReport};
 use fleet_common::durable;
 use fleet_common::limits::{MAX_DESIRED_DOC_BYTES, MAX_KV_VALUE_BYTES, MAX_WORKLOADS_PER_DEVICE};
 use fleet_common::subjects::{
@@ -24,6 +25,8 @@ use fleet_common::subjects::{
     BUCKET_WORKLOADS,
 };
 use fleet_common::validate::{DeviceId, WorkloadName};
+use serde::Serialize;
+use serde_json::value::RawValue;
 
 use crate::error::CtlError;
 use crate::js;
@@ -84,13 +87,16 @@ pub fn put_spec(
     spec: &WorkloadSpec,
 ) -> Result<u64, CtlError> {
     let canonical = serde_json::to_vec(spec).map_err(|e| CtlError::Input(e.to_string()))?;
+    let raw = serde_json::value::to_raw_value(spec).map_err(|e| CtlError::Input(e.to_string()))?;
     let rev = edit_document(conn, d, |doc| {
-        if !doc.workloads.contains_key(w) && doc.workloads.len() >= MAX_WORKLOADS_PER_DEVICE {
+        if !doc.workloads.contains_key(w.as_str())
+            && doc.workloads.len() >= MAX_WORKLOADS_PER_DEVICE
+        {
             return Err(CtlError::Input(format!(
                 "device {d} already has {MAX_WORKLOADS_PER_DEVICE} workloads, the most one device runs"
             )));
         }
-        doc.workloads.insert(w.clone(), spec.clone());
+        doc.workloads.insert(w.to_string(), raw.clone());
         Ok(())
     })?;
     if let Some(legacy) = legacy_store(conn)? {
@@ -115,7 +121,7 @@ pub fn remove_spec(
     w: &WorkloadName,
 ) -> Result<(), CtlError> {
     edit_document(conn, d, |doc| {
-        doc.workloads.remove(w);
+        doc.workloads.remove(w.as_str());
         Ok(())
     })?;
     if let Some(legacy) = legacy_store(conn)? {
@@ -131,21 +137,46 @@ pub fn remove_spec(
 /// attempt means another operator wrote that device in between).
 const CAS_ATTEMPTS: usize = 5;
 
+/// A device's desired-workloads document as stored: each spec kept as
+/// its JSON, so that a change to one workload keeps the others as they are
+/// (one the agent refuses included: it is reported, not lost).
+#[derive(Debug, Default, Serialize)]
+pub struct Document {
+    pub workloads: BTreeMap<String, Box<RawValue>>,
+}
+
+impl Document {
+    /// Workload `w`'s spec: `None` when absent, `Some(Err)` when invalid.
+    pub fn spec(&self, w: &WorkloadName) -> Option<Result<WorkloadSpec, String>> {
+        self.workloads
+            .get(w.as_str())
+            .map(|raw| WorkloadSpec::from_json(raw.get().as_bytes()).map_err(|e| e.to_string()))
+    }
+}
+
 /// A device's desired-workloads document and its revision (`None`: never
-/// written, or deleted).
+/// written, or deleted). The document's shape is checked; each spec is
+/// kept as written ([`Document`]).
 pub fn read_document(
     conn: &nats::Connection,
     device: &DeviceId,
-) -> Result<(DesiredWorkloads, Option<u64>), CtlError> {
+) -> Result<(Document, Option<u64>), CtlError> {
     let key = desired_doc_key(device);
     let entry = kv(conn, BUCKET_WORKLOADS)?
         .entry(&key)
         .map_err(CtlError::nats(format!("reading {BUCKET_WORKLOADS} {key}")))?;
     match entry {
-        None => Ok((DesiredWorkloads::default(), None)),
-        Some(e) if e.value.is_empty() => Ok((DesiredWorkloads::default(), Some(e.revision))),
-        Some(e) => serde_json::from_slice::<DesiredWorkloads>(&e.value)
-            .map(|doc| (doc, Some(e.revision)))
+        None => Ok((Document::default(), None)),
+        Some(e) if e.value.is_empty() => Ok((Document::default(), Some(e.revision))),
+        Some(e) => DesiredWorkloadsRaw::from_json(&e.value)
+            .map(|doc| {
+                (
+                    Document {
+                        workloads: doc.workloads,
+                    },
+                    Some(e.revision),
+                )
+            })
             .map_err(|err| {
                 CtlError::Refused(format!(
                     "{BUCKET_WORKLOADS} {key} (revision {}) is not a valid desired-workloads document: {err}; inspect it with `nats kv get {BUCKET_WORKLOADS} {key}` and rewrite or delete it",
@@ -160,7 +191,7 @@ pub fn read_document(
 fn edit_document(
     conn: &nats::Connection,
     device: &DeviceId,
-    mut edit: impl FnMut(&mut DesiredWorkloads) -> Result<(), CtlError>,
+    mut edit: impl FnMut(&mut Document) -> Result<(), CtlError>,
 ) -> Result<u64, CtlError> {
     let store = kv(conn, BUCKET_WORKLOADS)?;
     let key = desired_doc_key(device);
