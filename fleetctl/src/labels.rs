@@ -63,14 +63,24 @@ impl Device {
     }
 }
 
-/// Every device's labels.
+/// JetStream's "stream not found".
+const ERR_STREAM_NOT_FOUND: &str = "(code 10059)";
+
+/// Every device's labels (none while `fleet-operator` does not exist: a
+/// deployment from before labels, until `fleetctl buckets create` runs).
 pub fn read_all(conn: &nats::Connection) -> Result<BTreeMap<DeviceId, DeviceLabels>, CtlError> {
     let mut out = BTreeMap::new();
-    for e in js::read_last(
+    let entries = match js::read_last(
         conn,
         BUCKET_OPERATOR,
         &format!("$KV.{BUCKET_OPERATOR}.{LABELS_PREFIX}.*"),
-    )? {
+    ) {
+        Err(CtlError::Nats { detail, .. }) if detail.contains(ERR_STREAM_NOT_FOUND) => {
+            return Ok(out)
+        }
+        other => other?,
+    };
+    for e in entries {
         let Some(id) = e
             .key
             .strip_prefix(&format!("{LABELS_PREFIX}."))

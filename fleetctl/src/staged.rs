@@ -376,13 +376,13 @@ pub fn decide(
         }
     }
     tick.counts = counts;
-    let mut settled = counts.in_flight == 0 && counts.waiting == 0;
-    if cur + 1 == state.batch_ends.len() {
-        // The last batch ends once every device of the rollout has.
-        settled &= classes
+    let settled = counts.in_flight == 0 && counts.waiting == 0;
+    // Devices of earlier batches still under way (frozen ones issued
+    // since): the rollout is complete only once they are done too.
+    let stragglers = cur + 1 == state.batch_ends.len()
+        && classes[..start]
             .iter()
-            .all(|c| !matches!(c, Class::InFlight | Class::Waiting(..)));
-    }
+            .any(|c| matches!(c, Class::InFlight | Class::Waiting(..)));
     let timed_out =
         now.since(state.batch_started_at) >= Duration::from_secs(state.batch_timeout_secs);
     if !settled && !timed_out {
@@ -417,6 +417,9 @@ pub fn decide(
     let judged = counts.done + failed.len();
     let pass =
         judged == 0 || counts.done * 100 >= usize::from(state.success_threshold_pct) * judged;
+    if pass && stragglers && !timed_out {
+        return tick;
+    }
     let result = BatchResult {
         succeeded: counts.done as u32,
         failed: failed.clone(),
@@ -1038,6 +1041,200 @@ pub fn ls(conn: &nats::Connection) -> Result<String, CtlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fleet_common::contracts::{
+        ConfigState, ConfigStateReport, DeviceInfo, Heartbeat, UpgradeReason, UpgradeStatus,
+    };
+    use fleet_common::validate::{Arch, BoundedText, Version};
+    use std::time::Instant;
+
+    fn release() -> Release {
+        Release::from_json(
+            br#"{"version":"2.0","artifacts":{"x86_64":{"artifact-url":"https://r.example.com/a","sha256":"5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef","max-bytes":1000}}}"#,
+        )
+        .expect("release")
+    }
+
+    fn device(i: usize, now: Timestamp) -> Device {
+        let id = DeviceId::parse(&format!("dev{i:05}")).expect("id");
+        let mut view = DeviceView::new(id.clone());
+        let state = ConfigStateReport {
+            state: ConfigState::Configured,
+            waiting_changes: 0,
+            intent_waiting: false,
+        };
+        view.info = Some(DeviceInfo {
+            device_id: id,
+            agent_version: Version::parse("1.0").expect("v"),
+            arch: Arch::X86_64,
+            os: BoundedText::truncate("Debian"),
+            kernel: BoundedText::truncate("6.1"),
+            podman_version: None,
+            boot_id: BoundedText::truncate("b"),
+            config_state: state.clone(),
+            agent_started_at: now,
+            updated_at: now,
+        });
+        view.heartbeat = Some(Heartbeat {
+            at: now,
+            uptime_secs: 1,
+            agent_version: Version::parse("1.0").expect("v"),
+            config_state: state,
+            stopping: None,
+        });
+        Device {
+            view,
+            labels: BTreeMap::from([("site".to_owned(), format!("site{}", i % 10))]),
+        }
+    }
+
+    /// Writes what `decide` issued as the intents NATS now holds, and has
+    /// each device report `outcome` for it.
+    fn answer(
+        fleet: &mut BTreeMap<DeviceId, Device>,
+        tick: &Tick,
+        outcome: Option<UpgradePhase>,
+        now: Timestamp,
+    ) {
+        for (a, seq) in &tick.writes {
+            let d = fleet.get_mut(&a.device_id).expect("device");
+            d.view.intent.seq = seq + 1;
+            d.view.intent.present = true;
+            d.view.intent.attempt = Some(a.clone());
+            if let Some(phase) = outcome {
+                d.view.upgrade = Some(UpgradeStatus::begin(
+                    a.uuid,
+                    a.digest(),
+                    a.target_version.clone(),
+                    phase,
+                    (phase == UpgradePhase::Failed).then_some(UpgradeReason::Probe),
+                    now,
+                ));
+                if phase == UpgradePhase::Complete {
+                    if let Some(i) = d.view.info.as_mut() {
+                        i.agent_version = a.target_version.clone();
+                    }
+                }
+            }
+        }
+    }
+
+    /// The bookkeeping of a staged rollout over 10,000 devices, one tick at
+    /// a time (what a running rollout does every half second besides
+    /// reading NATS): its time is printed, and bounded with a margin for a
+    /// loaded debug build.
+    #[test]
+    fn ten_thousand_devices_batch_by_batch_within_the_budget() {
+        let now = Timestamp::now();
+        let devices: Vec<Device> = (0..10_000).map(|i| device(i, now)).collect();
+        let policy = Policy {
+            batches: parse_batches("1,1%,10%,100%").expect("batches"),
+            success_threshold_pct: 95,
+            batch_timeout: Duration::from_secs(1800),
+            max_unavailable: Some(500),
+            group_by: Some("site".to_owned()),
+        };
+        let started = Instant::now();
+        let (mut state, left_out) =
+            create("r-bench".into(), release(), None, &policy, &devices, now).expect("create");
+        let created = started.elapsed();
+        assert!(left_out.is_empty());
+        assert_eq!(state.batch_ends, [1, 100, 1000, 10_000]);
+        let mut fleet: BTreeMap<DeviceId, Device> = devices
+            .into_iter()
+            .map(|d| (d.view.id.clone(), d))
+            .collect();
+        let mut seen = BTreeMap::new();
+        let mut ticks = Vec::new();
+        let mut issued = 0usize;
+        while state.phase == RolloutPhase::Running {
+            let t = Instant::now();
+            let tick = decide(&mut state, &fleet, now, &mut seen);
+            ticks.push(t.elapsed());
+            // Never more than 500 per site upgrading.
+            let mut per_site: BTreeMap<&str, usize> = BTreeMap::new();
+            for d in fleet.values() {
+                if unavailable(&d.view, now) {
+                    *per_site.entry(d.labels["site"].as_str()).or_default() += 1;
+                }
+            }
+            for (a, _) in &tick.writes {
+                *per_site
+                    .entry(fleet[&a.device_id].labels["site"].as_str())
+                    .or_default() += 1;
+            }
+            assert!(per_site.values().all(|n| *n <= 500), "{per_site:?}");
+            issued += tick.writes.len();
+            // Issued this tick, complete by the next.
+            answer(&mut fleet, &tick, Some(UpgradePhase::Complete), now);
+            assert!(ticks.len() < 100, "no progress: {state:?}");
+        }
+        assert_eq!(state.phase, RolloutPhase::Complete);
+        assert_eq!(issued, 10_000);
+        let slowest = ticks.iter().max().copied().unwrap_or_default();
+        eprintln!(
+            "staged rollout bookkeeping, 10,000 devices: created in {created:?}, {} ticks, slowest {slowest:?}",
+            ticks.len()
+        );
+        assert!(slowest < Duration::from_secs(5), "{slowest:?}");
+    }
+
+    #[test]
+    fn a_failing_batch_halts_and_nothing_more_is_issued() {
+        let now = Timestamp::now();
+        let devices: Vec<Device> = (0..20).map(|i| device(i, now)).collect();
+        let policy = Policy {
+            batches: parse_batches("2,100%").expect("batches"),
+            success_threshold_pct: 50,
+            batch_timeout: Duration::from_secs(60),
+            max_unavailable: None,
+            group_by: None,
+        };
+        let (mut state, _) =
+            create("r-t".into(), release(), None, &policy, &devices, now).expect("create");
+        let mut fleet: BTreeMap<DeviceId, Device> = devices
+            .into_iter()
+            .map(|d| (d.view.id.clone(), d))
+            .collect();
+        let mut seen = BTreeMap::new();
+        let tick = decide(&mut state, &fleet, now, &mut seen);
+        assert_eq!(tick.writes.len(), 2);
+        // One complete, one still under way: the batch waits.
+        let (first, second) = (tick.writes[..1].to_vec(), tick.writes[1..].to_vec());
+        let one = Tick {
+            writes: first,
+            ..Tick::default()
+        };
+        answer(&mut fleet, &one, Some(UpgradePhase::Complete), now);
+        let other = Tick {
+            writes: second,
+            ..Tick::default()
+        };
+        answer(&mut fleet, &other, Some(UpgradePhase::Preparing), now);
+        let tick = decide(&mut state, &fleet, now, &mut seen);
+        assert!(tick.writes.is_empty() && state.phase == RolloutPhase::Running);
+        // The timeout ends it: 1 of 2 is 50%, at the threshold: next batch.
+        let later = Timestamp::from_unix_millis(now.unix_millis() + 61_000);
+        let tick = decide(&mut state, &fleet, later, &mut seen);
+        assert!(state.results[0].timed_out);
+        assert_eq!(state.results[0].failed.len(), 1);
+        assert!(state.results[0].failed[0]
+            .reason
+            .starts_with("not complete within the batch timeout"));
+        assert_eq!(state.current_batch, 1);
+        assert!(tick.writes.is_empty());
+        // Batch 2: every device fails its probe: halted, nothing more.
+        let tick = decide(&mut state, &fleet, later, &mut seen);
+        assert_eq!(tick.writes.len(), 18);
+        answer(&mut fleet, &tick, Some(UpgradePhase::Failed), later);
+        let tick = decide(&mut state, &fleet, later, &mut seen);
+        assert_eq!(state.phase, RolloutPhase::Halted);
+        assert!(tick.writes.is_empty());
+        assert!(
+            matches!(tick.events.last(), Some(Event::Halted { why }) if why.starts_with("batch 2 of 2: 0 of 18 devices succeeded (0%), below the 50% threshold; failed: dev00002: failed (probe); dev00003: failed (probe)"))
+        );
+        let tick = decide(&mut state, &fleet, later, &mut seen);
+        assert!(tick.writes.is_empty() && tick.events.is_empty());
+    }
 
     #[test]
     fn policy_flags_parse_and_refuse() {

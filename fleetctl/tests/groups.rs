@@ -841,3 +841,36 @@ fn the_disruption_budget_is_never_exceeded_and_an_abort_stops_it() {
         "{out}"
     );
 }
+
+/// A deployment from before labels: `status` and `rollout` work without
+/// `fleet-operator`; what needs it says how to create it.
+#[test]
+fn commands_work_before_the_operator_bucket_exists() {
+    let f = Fleet::start(NatsVersion::V2_9, &[]);
+    f.device("dev1", "1.0", Arch::X86_64, "Debian", false);
+    let reply = f
+        .admin
+        .request_timeout(
+            "$JS.API.STREAM.DELETE.KV_fleet-operator",
+            "",
+            Duration::from_secs(10),
+        )
+        .expect("delete");
+    assert!(
+        String::from_utf8_lossy(&reply.data).contains("\"success\":true"),
+        "{}",
+        String::from_utf8_lossy(&reply.data)
+    );
+    let out = f.ok(&["status"]);
+    assert!(out.contains("\ndev1 "), "{out}");
+    assert!(f
+        .ok(&["device", "ls", "-l", "arch=x86_64"])
+        .contains("dev1"));
+    let (code, _, err) = f.run(&["device", "label", "dev1", "site=berlin"]);
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("fleetctl buckets create"), "{err}");
+    let out = f.ok(&["buckets", "create"]);
+    assert!(out.contains("fleet-operator: ready"), "{out}");
+    f.ok(&["device", "label", "dev1", "site=berlin"]);
+    assert_eq!(f.ls("site=berlin"), BTreeSet::from(["dev1".to_owned()]));
+}
