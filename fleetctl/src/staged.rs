@@ -947,7 +947,7 @@ pub fn status(conn: &nats::Connection, id: &str, json: bool) -> Result<String, C
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "rollout {}: {} of {} to {} devices{}, {}; batch {}/{} since {}",
+        "rollout {} ({}): {} to {} devices{}, {}; batch {}/{} since {}",
         state.id,
         state.phase,
         state.release.version,
@@ -1017,7 +1017,7 @@ pub fn ls(conn: &nats::Connection) -> Result<String, CtlError> {
             Ok(s) => {
                 let _ = writeln!(
                     out,
-                    "{}: {} of {} to {} devices, batch {}/{}, created {}",
+                    "{} ({}): {} to {} devices, batch {}/{}, created {}",
                     s.id,
                     s.phase,
                     s.release.version,

@@ -695,7 +695,7 @@ fn a_staged_rollout_halts_after_a_failing_first_batch() {
     let out = f.ok(&["rollout", "status", &id]);
     assert!(
         out.starts_with(&format!(
-            "rollout {id}: halted of 2.0 to 6 devices matching \"ring=a\""
+            "rollout {id} (halted): 2.0 to 6 devices matching \"ring=a\""
         )),
         "{out}"
     );
@@ -836,7 +836,7 @@ fn the_disruption_budget_is_never_exceeded_and_an_abort_stops_it() {
     let out = f2.ok(&["rollout", "ls"]);
     assert!(
         out.starts_with(&format!(
-            "{id}: aborted of 2.0 to 4 devices, batch 1/2, created "
+            "{id} (aborted): 2.0 to 4 devices, batch 1/2, created "
         )),
         "{out}"
     );
