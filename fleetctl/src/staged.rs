@@ -1179,6 +1179,38 @@ mod tests {
     }
 
     #[test]
+    fn a_device_without_a_fresh_heartbeat_takes_its_groups_budget() {
+        let now = Timestamp::now();
+        // dev00000 and dev00010 are site0, dev00001 site1; dev00010 is
+        // silent for 91 s (not in the rollout's selection).
+        let mut devices: Vec<Device> = [0, 1, 10].iter().map(|i| device(*i, now)).collect();
+        if let Some(h) = devices[2].view.heartbeat.as_mut() {
+            h.at = Timestamp::from_unix_millis(now.unix_millis() - 91_000);
+        }
+        let policy = Policy {
+            batches: parse_batches("100%").expect("batches"),
+            success_threshold_pct: 100,
+            batch_timeout: Duration::from_secs(60),
+            max_unavailable: Some(1),
+            group_by: Some("site".to_owned()),
+        };
+        let (mut state, _) =
+            create("r-hb".into(), release(), None, &policy, &devices[..2], now).expect("create");
+        let fleet: BTreeMap<DeviceId, Device> = devices
+            .into_iter()
+            .map(|d| (d.view.id.clone(), d))
+            .collect();
+        let tick = decide(&mut state, &fleet, now, &mut BTreeMap::new());
+        let issued: Vec<&str> = tick
+            .writes
+            .iter()
+            .map(|(a, _)| a.device_id.as_str())
+            .collect();
+        assert_eq!(issued, ["dev00001"]);
+        assert_eq!(tick.counts.waiting, 1);
+    }
+
+    #[test]
     fn a_failing_batch_halts_and_nothing_more_is_issued() {
         let now = Timestamp::now();
         let devices: Vec<Device> = (0..20).map(|i| device(i, now)).collect();

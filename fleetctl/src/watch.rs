@@ -90,10 +90,8 @@ pub fn run(
             Followed::Entry(e) => {
                 next_seq = Some(e.seq + 1);
                 let device = e.key.split('.').next().unwrap_or_default();
-                if !matching.contains(conn, device) {
-                    continue;
-                }
-                if let Some(l) = line(&e, heartbeats, Timestamp::now()) {
+                let printed = line(&e, heartbeats, Timestamp::now());
+                if let Some(l) = printed.filter(|_| matching.contains(conn, device)) {
                     let mut out = stdout.lock();
                     if writeln!(out, "{l}").and_then(|()| out.flush()).is_err() {
                         // The reader went away (a closed pipe).
@@ -117,8 +115,9 @@ pub fn run(
     }
 }
 
-/// The devices a selector matches, read again every [`RESELECT`] (labels
-/// and facts change).
+/// The devices a selector matches, read again every [`RESELECT`] and, at
+/// most once a second, when a device not among them changes (labels and
+/// facts change: a device joins the group).
 struct Matching<'a> {
     selector: Option<&'a Selector>,
     devices: BTreeSet<String>,

@@ -874,3 +874,39 @@ fn commands_work_before_the_operator_bucket_exists() {
     f.ok(&["device", "label", "dev1", "site=berlin"]);
     assert_eq!(f.ls("site=berlin"), BTreeSet::from(["dev1".to_owned()]));
 }
+
+#[test]
+fn upgrade_and_watch_take_a_selector() {
+    let f = Fleet::start(NatsVersion::V2_14, &[]);
+    for (d, site) in [("b1", "berlin"), ("b2", "berlin"), ("p1", "paris")] {
+        f.device(d, "1.0", Arch::X86_64, "Debian", false);
+        f.ok(&["device", "label", d, &format!("site={site}")]);
+    }
+    let (code, out, err) = f.run(&["upgrade", "-l", "site=berlin", "--release", f.release()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("b1: wrote attempt "), "{out}");
+    assert!(out.contains("\nb2: wrote attempt "), "{out}");
+    assert!(!out.contains("p1"), "{out}");
+    assert!(f.intent("b1").is_some() && f.intent("b2").is_some());
+    assert!(f.intent("p1").is_none(), "p1 is not in the group");
+
+    let w = ChildGuard::spawn(f.command(&["watch", "-l", "site=paris"]), "fleetctl-watch");
+    w.wait_for_line("watching fleet-status", SETTLE);
+    f.device("b1", "1.1", Arch::X86_64, "Debian", false);
+    f.device("p1", "1.1", Arch::X86_64, "Debian", false);
+    // A device labelled into the group after the watch started.
+    f.device("p2", "1.0", Arch::X86_64, "Debian", false);
+    f.ok(&["device", "label", "p2", "site=paris"]);
+    w.wait_for_line(" p1 info: agent 1.1 (x86_64), configured", SETTLE);
+    // Membership is read again at most once a second: p2's next changes
+    // are printed once it has been.
+    poll_until("p2's change printed", SETTLE, || {
+        f.device("p2", "1.2", Arch::X86_64, "Debian", false);
+        w.try_wait_for_line(
+            0,
+            " p2 info: agent 1.2 (x86_64), configured",
+            Duration::from_millis(300),
+        )
+    });
+    assert!(!w.log().contains(" b1 "), "{}", w.log());
+}
