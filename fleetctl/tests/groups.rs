@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -22,6 +22,9 @@ use fleet_common::validate::{Arch, BoundedText, DeviceId, Version};
 use fleet_common::Timestamp;
 use fleet_harness::{poll_until, ChildGuard, NatsServer, NatsVersion, NATS_ADMIN_PASSWORD};
 use tempfile::TempDir;
+
+mod common;
+use common::BudgetWatch;
 
 const SHA: &str = "5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef";
 const SETTLE: Duration = Duration::from_secs(60);
@@ -186,13 +189,9 @@ impl Fleet {
             .map(|b| serde_json::from_slice(&b).expect("attempt"))
     }
 
+    /// Intents ever written to `device` (the bucket keeps 5).
     fn intent_revisions(&self, device: &str) -> usize {
-        nats::jetstream::new(self.admin.clone())
-            .key_value("fleet-control")
-            .expect("bucket")
-            .history(&format!("{device}.agent-upgrade-intent"))
-            .map(|h| h.count())
-            .unwrap_or(0)
+        common::intent_revisions(&self.admin, device)
     }
 
     fn rollout(&self, id: &str) -> RolloutState {
@@ -554,88 +553,6 @@ impl Drop for Simulator {
     }
 }
 
-/// Follows every intent and upgrade status change and keeps, per group,
-/// the most devices upgrading at once (an intent not yet terminal).
-struct BudgetWatch {
-    max: Arc<Mutex<BTreeMap<String, usize>>>,
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
-}
-
-impl BudgetWatch {
-    fn start(f: &Fleet, groups: BTreeMap<String, String>) -> BudgetWatch {
-        let conn = f.server.admin();
-        let sub = conn.subscribe("$KV.>").expect("subscribe");
-        conn.flush().expect("flush");
-        let max = Arc::new(Mutex::new(BTreeMap::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (m, stopped) = (Arc::clone(&max), Arc::clone(&stop));
-        let handle = thread::spawn(move || {
-            let _conn = conn;
-            let mut intent: BTreeMap<String, String> = BTreeMap::new();
-            let mut status: BTreeMap<String, (String, bool)> = BTreeMap::new();
-            while !stopped.load(Ordering::Relaxed) {
-                let Ok(msg) = sub.next_timeout(Duration::from_millis(100)) else {
-                    continue;
-                };
-                let parts: Vec<&str> = msg.subject.splitn(4, '.').collect();
-                let [_, bucket, device, key] = parts[..] else {
-                    continue;
-                };
-                match (bucket, key) {
-                    ("fleet-control", "agent-upgrade-intent") => {
-                        if let Ok(a) = serde_json::from_slice::<AgentUpgradeAttempt>(&msg.data) {
-                            intent.insert(device.to_owned(), a.uuid.to_string());
-                        }
-                    }
-                    ("fleet-status", "upgrade") => {
-                        if let Ok(s) = serde_json::from_slice::<UpgradeStatus>(&msg.data) {
-                            status.insert(
-                                device.to_owned(),
-                                (s.attempt_uuid.to_string(), s.phase.is_terminal()),
-                            );
-                        }
-                    }
-                    _ => continue,
-                }
-                // At every status change: devices upgrading, per group.
-                let mut now: BTreeMap<String, usize> = BTreeMap::new();
-                for (d, uuid) in &intent {
-                    let done = status.get(d).is_some_and(|(u, t)| u == uuid && *t);
-                    if !done {
-                        let g = groups.get(d).cloned().unwrap_or_default();
-                        *now.entry(g).or_default() += 1;
-                    }
-                }
-                let mut max: std::sync::MutexGuard<BTreeMap<String, usize>> =
-                    m.lock().expect("lock");
-                for (g, n) in now {
-                    let e = max.entry(g).or_default();
-                    *e = (*e).max(n);
-                }
-            }
-        });
-        BudgetWatch {
-            max,
-            stop,
-            handle: Some(handle),
-        }
-    }
-
-    fn max(&self) -> BTreeMap<String, usize> {
-        self.max.lock().expect("lock").clone()
-    }
-}
-
-impl Drop for BudgetWatch {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
 #[test]
 fn a_staged_rollout_halts_after_a_failing_first_batch() {
     let f = Fleet::start(NatsVersion::V2_14, &[]);
@@ -788,7 +705,7 @@ fn the_disruption_budget_is_never_exceeded_and_an_abort_stops_it() {
         }
     }
     let names: Vec<&str> = devices.iter().map(String::as_str).collect();
-    let budget = BudgetWatch::start(&f, groups);
+    let budget = BudgetWatch::start(f.server.admin(), groups);
     let sim = Simulator::start(&f, &names, &[], Duration::from_millis(700));
     let mut r = f.staged(&[
         "--batches",
