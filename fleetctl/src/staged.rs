@@ -470,8 +470,8 @@ pub fn decide(
 }
 
 /// A new rollout's state: the selected devices that do not run the
-/// release yet, in device order, cut into batches; and the lines for the
-/// devices left out.
+/// release yet and can take it (frozen ones included), in device order,
+/// cut into batches; and the lines for the devices left out.
 pub fn create(
     id: String,
     release: Release,
@@ -487,9 +487,9 @@ pub fn create(
             Class::Done => {
                 left_out.push(format!("{}: already runs {}", d.view.id, release.version))
             }
-            Class::Failed(why) if d.view.info.is_none() => {
-                left_out.push(format!("{}: left out: {why}", d.view.id))
-            }
+            // No info, no artifact for its architecture, rollback-failed,
+            // this release already failed there: never counted in a batch.
+            Class::Failed(why) => left_out.push(format!("{}: left out: {why}", d.view.id)),
             _ => chosen.push(d.view.id.clone()),
         }
     }

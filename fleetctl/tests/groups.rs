@@ -561,7 +561,9 @@ fn a_staged_rollout_halts_after_a_failing_first_batch() {
         f.device(d, "1.0", Arch::X86_64, "Debian", false);
     }
     f.device("other", "1.0", Arch::X86_64, "Debian", false);
-    for d in devices {
+    // Cannot take the release: left out, never counted in a batch.
+    f.device("arm", "1.0", Arch::Aarch64, "Debian", false);
+    for d in devices.iter().chain(&["arm"]) {
         f.ok(&["device", "label", d, "ring=a"]);
     }
     let _sim = Simulator::start(&f, &devices, &["d1"], Duration::from_millis(200));
@@ -579,6 +581,12 @@ fn a_staged_rollout_halts_after_a_failing_first_batch() {
     let status = r.wait_exit(SETTLE);
     let log = r.log();
     assert_eq!(status.code(), Some(8), "{log}");
+    assert!(
+        log.contains(
+            "\narm: left out: the release has no aarch64 artifact: add one to the release file\n"
+        ),
+        "{log}"
+    );
     assert!(
         log.contains(&format!("rollout {id}: batch 1/3 started: 1 devices")),
         "{log}"
