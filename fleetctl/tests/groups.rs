@@ -299,6 +299,17 @@ fn labels_and_selectors_pick_exactly_the_matching_devices() {
          p2      1.0    armv7   configured    env=lab,site=paris\n\
          2 devices\n"
     );
+    let json: serde_json::Value =
+        serde_json::from_str(&f.ok(&["device", "ls", "-l", "device=p1", "--json"])).expect("json");
+    assert_eq!(
+        json,
+        serde_json::json!([{
+            "device": "p1",
+            "labels": {"env": "prod", "legacy": "", "site": "paris"},
+            "facts": {"agent-version": "2.0", "arch": "x86_64", "config-state": "changefreeze",
+                      "device": "p1", "frozen": "true", "os": "ubuntu"},
+        }])
+    );
     // Bad syntax: refused before anything is read, saying why.
     for (sel, says) in [
         ("env in (prod", "'(' without ')'"),
@@ -631,6 +642,11 @@ fn a_staged_rollout_halts_after_a_failing_first_batch() {
         ),
         "{out}"
     );
+    let json: serde_json::Value =
+        serde_json::from_str(&f.ok(&["rollout", "status", &id, "--json"])).expect("json");
+    assert_eq!(json["state"]["phase"], "halted");
+    assert_eq!(json["batches"][0]["failures"][0]["device"], "d1");
+    assert_eq!(json["batches"][1]["waiting"], 2);
     // A halted rollout is not resumed.
     let (code, _, err) = f.run(&["rollout", "resume", &id]);
     assert_eq!(code, 6, "{err}");
