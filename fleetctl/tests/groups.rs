@@ -851,3 +851,88 @@ fn upgrade_and_watch_take_a_selector() {
     });
     assert!(!w.log().contains(" b1 "), "{}", w.log());
 }
+
+/// A staged rollout's NATS bookkeeping over 10,000 devices in 10 sites:
+/// every tick reads the fleet (facts, heartbeats, upgrades, intents,
+/// labels) and issues within the budget. Nobody answers, so batches end
+/// by their timeout; with a 0% threshold the rollout runs to its end,
+/// and the budget (200 per site) caps what was issued at 2,000.
+#[test]
+fn a_staged_rollout_over_ten_thousand_devices() {
+    const DEVICES: usize = 10_000;
+    let f = Fleet::start(NatsVersion::V2_14, &[]);
+    let started = std::time::Instant::now();
+    for i in 0..DEVICES {
+        let d = format!("dev{i:05}");
+        for (bucket, key, value) in [
+            (
+                "fleet-status",
+                format!("{d}.info"),
+                serde_json::to_vec(&info(&d, "1.0", Arch::X86_64, "Debian", false)),
+            ),
+            (
+                "fleet-status",
+                format!("{d}.heartbeat"),
+                serde_json::to_vec(&heartbeat("1.0")),
+            ),
+            (
+                "fleet-operator",
+                format!("labels.{d}"),
+                serde_json::to_vec(
+                    &serde_json::json!({"labels": {"site": format!("s{}", i % 10)}}),
+                ),
+            ),
+        ] {
+            f.admin
+                .publish(&kv_subject(bucket, &key), value.expect("json"))
+                .expect("publish");
+        }
+    }
+    f.admin.flush().expect("flush");
+    poll_until("10,000 devices stored", Duration::from_secs(120), || {
+        let n = |b: &str| {
+            nats::jetstream::new(f.admin.clone())
+                .key_value(b)
+                .expect("bucket")
+                .status()
+                .expect("status")
+                .values() as usize
+        };
+        (n("fleet-status") >= 2 * DEVICES && n("fleet-operator") >= DEVICES).then_some(())
+    });
+    eprintln!("set-up: {:?}", started.elapsed());
+    let t = std::time::Instant::now();
+    let (code, out, err) = f.run(&[
+        "rollout",
+        "--release",
+        f.release(),
+        "--batches",
+        "1%,100%",
+        "--success-threshold",
+        "0%",
+        "--batch-timeout",
+        "2s",
+        "--max-unavailable",
+        "200",
+        "--group-by",
+        "site",
+    ]);
+    let took = t.elapsed();
+    eprintln!("staged rollout over {DEVICES} devices (two 2 s batches): {took:?}");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("started: 2.0 to 10000 devices in 2 batches (100,10000)"),
+        "{err}"
+    );
+    assert!(out.contains("batch 1/2 ended: 0 succeeded, 100 failed, 0 frozen (timed out)"));
+    assert!(out.contains("batch 2/2 ended: 0 succeeded, 9900 failed, 0 frozen (timed out)"));
+    assert_eq!(out.matches(": issued attempt ").count(), 2000);
+    let intents = nats::jetstream::new(f.admin.clone())
+        .key_value("fleet-control")
+        .expect("bucket")
+        .status()
+        .expect("status")
+        .values();
+    assert_eq!(intents, 2000, "the budget of 200 per site");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}
