@@ -26,7 +26,7 @@ use crate::nkey::PublicNkey;
 use crate::subjects::{
     account_service_exports, account_stream_exports, device_permissions, kv_subject,
     republish_config, stream_name, DeviceProtocols, ACCOUNT_AUTH, ACCOUNT_DEVICES, ACCOUNT_FLEET,
-    BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_STATUS, BUCKET_WORKLOADS,
+    BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_OPERATOR, BUCKET_STATUS, BUCKET_WORKLOADS,
 };
 use crate::validate::DeviceId;
 
@@ -305,8 +305,9 @@ pub struct BucketSpec {
 }
 
 /// The buckets of the fleet (DESIGN.md "NATS data model"). `fleet-desired`
-/// serves generation-1 agents until it is retired.
-pub const FLEET_BUCKETS: [BucketSpec; 4] = [
+/// serves generation-1 agents until it is retired; `fleet-operator` holds
+/// what only the operator reads (labels, staged rollouts).
+pub const FLEET_BUCKETS: [BucketSpec; 5] = [
     BucketSpec {
         bucket: BUCKET_WORKLOADS,
         history: 1,
@@ -334,6 +335,14 @@ pub const FLEET_BUCKETS: [BucketSpec; 4] = [
         history: 1,
         allow_rollup: true,
         max_value_bytes: Some(MAX_KV_VALUE_BYTES),
+        republish: false,
+    },
+    BucketSpec {
+        bucket: BUCKET_OPERATOR,
+        history: 1,
+        allow_rollup: true,
+        // A rollout's state lists its devices: up to the server's max_payload.
+        max_value_bytes: None,
         republish: false,
     },
 ];
@@ -575,7 +584,10 @@ mod tests {
 
     #[test]
     fn status_stream_refuses_rollups_and_others_keep_kv_shape() {
-        let [workloads, control, status, desired] = FLEET_BUCKETS;
+        let [workloads, control, status, desired, operator] = FLEET_BUCKETS;
+        let o = kv_stream_config(&operator, 1);
+        assert_eq!(o["name"], "KV_fleet-operator");
+        assert!(o.get("republish").is_none(), "{o}");
         assert_eq!(status.bucket, "fleet-status");
         let s = kv_stream_config(&status, 3);
         assert_eq!(s["name"], "KV_fleet-status");

@@ -23,6 +23,15 @@ pub const BUCKET_CONTROL: &str = "fleet-control";
 /// Device reports: `<device>.{info,upgrade,workloads,heartbeat}`.
 pub const BUCKET_STATUS: &str = "fleet-status";
 
+/// Operator-only state, never exported to `DEVICES` nor republished (a
+/// device never sees it): `labels.<device>` → `DeviceLabels`,
+/// `rollouts.<id>` → `RolloutState`.
+pub const BUCKET_OPERATOR: &str = "fleet-operator";
+/// The key prefix of device labels in [`BUCKET_OPERATOR`].
+pub const LABELS_PREFIX: &str = "labels";
+/// The key prefix of staged rollouts in [`BUCKET_OPERATOR`].
+pub const ROLLOUTS_PREFIX: &str = "rollouts";
+
 /// The key of the upgrade intent under a device.
 pub const INTENT_KEY: &str = "agent-upgrade-intent";
 
@@ -83,6 +92,16 @@ pub fn desired_doc_key(device: &DeviceId) -> String {
 /// `<device>.agent-upgrade-intent` in `fleet-control`.
 pub fn intent_key(device: &DeviceId) -> String {
     format!("{device}.{INTENT_KEY}")
+}
+
+/// `labels.<device>` in `fleet-operator`.
+pub fn labels_key(device: &DeviceId) -> String {
+    format!("{LABELS_PREFIX}.{device}")
+}
+
+/// `rollouts.<id>` in `fleet-operator`.
+pub fn rollout_key(id: &str) -> String {
+    format!("{ROLLOUTS_PREFIX}.{id}")
 }
 
 /// `<device>.<key>` in `fleet-status`.
@@ -294,6 +313,18 @@ mod tests {
             "$KV.fleet-desired.dev1.web"
         );
         assert_eq!(intent_key(&d), "dev1.agent-upgrade-intent");
+        assert_eq!(
+            kv_subject(BUCKET_OPERATOR, &labels_key(&d)),
+            "$KV.fleet-operator.labels.dev1"
+        );
+        assert_eq!(rollout_key("r-1"), "rollouts.r-1");
+        // Nothing of the operator bucket is exported to devices.
+        for p in [DeviceProtocols::Current, DeviceProtocols::WithLegacy] {
+            assert!(account_service_exports(p)
+                .iter()
+                .all(|(s, i)| !s.contains(BUCKET_OPERATOR)
+                    && !i.as_deref().unwrap_or("").contains(BUCKET_OPERATOR)));
+        }
         assert_eq!(status_key(&d, StatusKey::Heartbeat), "dev1.heartbeat");
         assert_eq!(
             device_consumer_create_subject(BUCKET_DESIRED, "c1", &d),

@@ -1059,3 +1059,49 @@ fn release_refusals_name_the_problem() {
         assert!(e.to_string().contains(says), "{json}: {e}");
     }
 }
+
+#[test]
+fn operator_labels_and_rollout_state() {
+    let labels = DeviceLabels {
+        labels: BTreeMap::from([
+            ("site".to_owned(), "berlin".to_owned()),
+            ("tier".to_owned(), "canary".to_owned()),
+        ]),
+    };
+    check("device-labels", &labels);
+    assert!(DeviceLabels::from_json(br#"{"labels":{"arch":"x"}}"#)
+        .expect_err("a fact name")
+        .contains("name of a device fact"));
+    let d = |s: &str| DeviceId::parse(s).expect("device");
+    let state = RolloutState {
+        id: "r-6d0b4c39".to_owned(),
+        release: release(),
+        selector: Some("site=berlin,tier!=lab".to_owned()),
+        batches: vec!["1".to_owned(), "50%".to_owned(), "100%".to_owned()],
+        success_threshold_pct: 95,
+        batch_timeout_secs: 1800,
+        max_unavailable: Some(1),
+        group_by: Some("site".to_owned()),
+        devices: vec![d("truck-0001"), d("truck-0002"), d("truck-0003")],
+        batch_ends: vec![1, 2, 3],
+        phase: RolloutPhase::Halted,
+        current_batch: 0,
+        batch_started_at: t(0),
+        results: vec![BatchResult {
+            succeeded: 0,
+            failed: vec![RolloutFailure {
+                device: d("truck-0001"),
+                reason: "failed (probe): the candidate's self-test failed".to_owned(),
+            }],
+            frozen: vec![],
+            timed_out: false,
+            ended_at: t(60_000),
+        }],
+        halt_reason: Some("batch 1: 0% succeeded, below 95%".to_owned()),
+        created_at: t(0),
+        updated_at: t(60_000),
+    };
+    check("rollout-state", &state);
+    assert_eq!(state.batch(1), &[d("truck-0002")]);
+    assert_eq!(state.batch_of(2), 2);
+}

@@ -59,5 +59,6 @@ impl std::error::Error for CtlError {}
 /// The exit codes, for the help texts.
 pub const EXIT_CODES: &str =
     "Exit codes: 0 done, 2 usage, 3 invalid input, 4 NATS connection, 5 NATS request,
-6 refused by the device's state, 7 lost a compare-and-set race (nothing written; re-run).
+6 refused by the device's state, 7 lost a compare-and-set race (nothing written; re-run),
+8 staged rollout halted below its success threshold, 9 staged rollout aborted.
 ";

@@ -72,6 +72,8 @@ pub enum Keys {
     All,
     /// `info` and `upgrade`: what an upgrade decision needs.
     Upgrade,
+    /// `info`, `upgrade` and `heartbeat`: a staged rollout's tick.
+    Rollout,
 }
 
 fn filter(bucket: &str, scope: &Scope, key: &str) -> String {
@@ -96,8 +98,12 @@ pub fn read(
             BUCKET_STATUS,
             &filter(BUCKET_STATUS, scope, ">"),
         )?),
-        Keys::Upgrade => {
-            for k in [StatusKey::Info, StatusKey::Upgrade] {
+        Keys::Upgrade | Keys::Rollout => {
+            let mut wanted = vec![StatusKey::Info, StatusKey::Upgrade];
+            if keys == Keys::Rollout {
+                wanted.push(StatusKey::Heartbeat);
+            }
+            for k in wanted {
                 status.extend(js::read_last(
                     conn,
                     BUCKET_STATUS,

@@ -9,7 +9,11 @@
 //! | `admin` | `buckets create` |
 //! | `workload` | `workload apply|rm|ls` |
 //! | `upgrade` | `upgrade`, and the rule for whether a device gets an attempt |
-//! | `rollout` | `rollout` |
+//! | `rollout` | `rollout` and `upgrade -l` (every device at once) |
+//! | `staged` | staged rollouts: batches, threshold, budget, state in NATS |
+//! | `selector` | label selectors (Kubernetes syntax) |
+//! | `labels` | `device label`, `device ls`, selecting devices |
+//! | `group` | `workload apply|rm|ls -l SELECTOR` |
 //! | `status` | `status`, `device status` |
 //! | `watch` | `watch` |
 //! | `artifact` | `artifact push` (OCI) |
@@ -21,9 +25,13 @@ mod cli;
 mod connect;
 mod error;
 mod fleet;
+mod group;
 mod js;
+mod labels;
 mod nats_config;
 mod rollout;
+mod selector;
+mod staged;
 mod status;
 mod upgrade;
 mod watch;
@@ -38,11 +46,17 @@ Usage:
   fleetctl artifact push ... publish an agent release (see fleetctl artifact --help)
   fleetctl buckets create    create the KV buckets
   fleetctl workload apply|rm|ls ...   a device's desired workloads
+  fleetctl workload apply -l SELECTOR WORKLOAD SPEC.json [--dry-run]
   fleetctl device status DEVICE       a device's status read back from NATS
+  fleetctl device label DEVICE key=value ... [key-]
+  fleetctl device ls [-l SELECTOR]    devices, their facts and labels
   fleetctl upgrade DEVICE --release RELEASE.json [--retry]
-  fleetctl rollout --release RELEASE.json [--retry]
-  fleetctl status [--json]            the fleet as a table
-  fleetctl watch [--heartbeats]       follow status changes until Ctrl-C
+  fleetctl upgrade -l SELECTOR --release RELEASE.json [--retry]
+  fleetctl rollout --release RELEASE.json [--retry] [-l SELECTOR]
+  fleetctl rollout --release RELEASE.json [-l SELECTOR] --batches 1,5%,100% ...
+  fleetctl rollout status|resume|abort ID
+  fleetctl status [-l SELECTOR] [--group-by LABEL] [--json]
+  fleetctl watch [--heartbeats] [-l SELECTOR]
   fleetctl --help | --version
 
 The NATS commands and their options: fleetctl status --help.

@@ -1,5 +1,6 @@
-//! `fleetctl rollout --release FILE [--retry]`: a new attempt for every
-//! device that needs one ([`crate::upgrade::plan`], fleet rules: frozen
+//! `fleetctl rollout --release FILE [--retry] [-l SELECTOR]` (and
+//! `fleetctl upgrade -l SELECTOR ...`): a new attempt for every device (of
+//! the selector) that needs one, at once (staged: [`crate::staged`]) ([`crate::upgrade::plan`], fleet rules: frozen
 //! devices and devices in `rollback-failed` are skipped and say so).
 //!
 //! Steps: read every device's `info` and `upgrade` and every intent (three
@@ -17,8 +18,10 @@ use fleet_common::subjects::BUCKET_CONTROL;
 use fleet_common::validate::{AttemptUuid, DeviceId};
 
 use crate::error::CtlError;
-use crate::fleet::{self, Keys, Scope};
+use crate::fleet::{self, DeviceView, Keys, Scope};
 use crate::js::{self, CasOutcome};
+use crate::labels;
+use crate::selector::Selector;
 use crate::upgrade::{cas_write, plan, read_release, written_line, Mode, Plan};
 
 /// The outcome of a rollout: the lines and the exit decision.
@@ -31,9 +34,20 @@ pub struct Rollout {
 }
 
 /// `fleetctl rollout`.
-pub fn run(conn: &nats::Connection, release: &Path, retry: bool) -> Result<Rollout, CtlError> {
+pub fn run(
+    conn: &nats::Connection,
+    release: &Path,
+    retry: bool,
+    selector: Option<&Selector>,
+) -> Result<Rollout, CtlError> {
     let release = read_release(release)?;
-    let devices = fleet::read(conn, &Scope::Fleet, Keys::Upgrade)?;
+    let devices: BTreeMap<DeviceId, DeviceView> = match selector {
+        None => fleet::read(conn, &Scope::Fleet, Keys::Upgrade)?,
+        Some(s) => labels::select(conn, Some(s), Keys::Upgrade)?
+            .into_iter()
+            .map(|d| (d.view.id.clone(), d.view))
+            .collect(),
+    };
     let mut lines: BTreeMap<DeviceId, String> = BTreeMap::new();
     let mut writes = Vec::new();
     let (mut up_to_date, mut skipped) = (0usize, 0usize);

@@ -6,12 +6,16 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use fleet_common::contracts::{RefusedIntent, WorkloadState};
+use std::collections::BTreeMap;
+
+use fleet_common::contracts::{RefusedIntent, UpgradePhase, WorkloadState};
 use fleet_common::validate::DeviceId;
 use fleet_common::Timestamp;
 
 use crate::error::CtlError;
 use crate::fleet::{self, DeviceView, Keys, Scope};
+use crate::labels::{self, Device};
+use crate::selector::Selector;
 
 /// `12s`, `4m`, `3h`, `2d`.
 pub fn age(d: Duration) -> String {
@@ -130,16 +134,100 @@ pub fn json_row(d: &DeviceView, now: Timestamp) -> serde_json::Value {
     })
 }
 
-/// `fleetctl status`.
-pub fn run(conn: &nats::Connection, json: bool) -> Result<String, CtlError> {
-    let devices = fleet::read(conn, &Scope::Fleet, Keys::All)?;
+/// A heartbeat older than this is stale.
+pub const STALE_HEARTBEAT: Duration = crate::staged::STALE_HEARTBEAT;
+
+/// One group's summary line: devices, agent versions, upgrading, failed,
+/// frozen, stale heartbeats.
+pub fn group_line(group: &str, devices: &[&Device], now: Timestamp) -> String {
+    let mut versions: BTreeMap<String, usize> = BTreeMap::new();
+    let (mut upgrading, mut failed, mut frozen, mut stale) = (0usize, 0usize, 0usize, 0usize);
+    for d in devices {
+        let v = &d.view;
+        *versions
+            .entry(
+                v.info
+                    .as_ref()
+                    .map_or("unknown".to_owned(), |i| i.agent_version.to_string()),
+            )
+            .or_default() += 1;
+        match v.upgrade.as_ref().map(|u| u.phase) {
+            Some(UpgradePhase::Failed | UpgradePhase::RollbackFailed) => failed += 1,
+            Some(p) if !p.is_terminal() => upgrading += 1,
+            _ => {}
+        }
+        if v.info
+            .as_ref()
+            .is_some_and(|i| i.config_state.state.is_frozen())
+        {
+            frozen += 1;
+        }
+        if v.heartbeat.as_ref().map_or(true, |h| {
+            h.stopping.is_some() || now.since(h.at) > STALE_HEARTBEAT
+        }) {
+            stale += 1;
+        }
+    }
+    let versions: Vec<String> = versions.iter().map(|(v, n)| format!("{v} ({n})")).collect();
+    format!(
+        "{group}: {} devices, agents {}, {upgrading} upgrading, {failed} failed, {frozen} frozen, {stale} stale heartbeats",
+        devices.len(),
+        versions.join(" "),
+    )
+}
+
+/// `fleetctl status [-l SELECTOR] [--group-by LABEL] [--json]`.
+pub fn run(
+    conn: &nats::Connection,
+    json: bool,
+    selector: Option<&Selector>,
+    group_by: Option<&str>,
+) -> Result<String, CtlError> {
+    let selected = labels::select(conn, selector, Keys::All)?;
     let now = Timestamp::now();
-    let list: Vec<&DeviceView> = devices.values().collect();
+    let list: Vec<&DeviceView> = selected.iter().map(|d| &d.view).collect();
+    if let Some(label) = group_by {
+        let mut groups: BTreeMap<String, Vec<&Device>> = BTreeMap::new();
+        for d in &selected {
+            let g = match d.labels.get(label) {
+                Some(v) => format!("{label}={v}"),
+                None => format!("no {label}"),
+            };
+            groups.entry(g).or_default().push(d);
+        }
+        if json {
+            let rows: Vec<serde_json::Value> = groups
+                .iter()
+                .map(|(g, ds)| {
+                    serde_json::json!({
+                        "group": g,
+                        "summary": group_line(g, ds, now),
+                        "devices": ds.iter().map(|d| json_row(&d.view, now)).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            let mut s = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
+            s.push('\n');
+            return Ok(s);
+        }
+        let mut out = if list.is_empty() {
+            "no device matches\n".to_owned()
+        } else {
+            render_table(&list, now)
+        };
+        for (g, ds) in &groups {
+            let _ = writeln!(out, "{}", group_line(g, ds, now));
+        }
+        return Ok(out);
+    }
     if json {
         let rows: Vec<serde_json::Value> = list.iter().map(|d| json_row(d, now)).collect();
         let mut s = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
         s.push('\n');
         return Ok(s);
+    }
+    if list.is_empty() && selector.is_some() {
+        return Ok("no device matches\n".to_owned());
     }
     if list.is_empty() {
         return Ok("no device has reported yet\n".to_owned());

@@ -1,18 +1,22 @@
-//! `fleetctl watch [--heartbeats]`: follows `fleet-status` and prints one
+//! `fleetctl watch [--heartbeats] [-l SELECTOR]`: follows `fleet-status` and prints one
 //! line per change until interrupted (Ctrl-C). Heartbeats are printed only
 //! with `--heartbeats`. Every read is bounded; a consumer that goes silent
 //! (no message, no heartbeat) or a reconnect is replaced by a new one from
 //! the next sequence, so nothing is missed or printed twice.
 
+use std::collections::BTreeSet;
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{DeviceInfo, Heartbeat, UpgradeReport, WorkloadsReport};
 use fleet_common::subjects::BUCKET_STATUS;
 use fleet_common::Timestamp;
 
 use crate::error::CtlError;
+use crate::fleet::Keys;
 use crate::js::{self, Followed, KvEntry};
+use crate::labels;
+use crate::selector::Selector;
 
 /// Longest single wait for a change.
 const WAIT: Duration = Duration::from_secs(1);
@@ -84,8 +88,13 @@ pub fn line(e: &KvEntry, heartbeats: bool, now: Timestamp) -> Option<String> {
 
 /// Runs until the process is interrupted; returns only on a first
 /// connection-level failure.
-pub fn run(conn: &nats::Connection, heartbeats: bool) -> Result<(), CtlError> {
+pub fn run(
+    conn: &nats::Connection,
+    heartbeats: bool,
+    selector: Option<&Selector>,
+) -> Result<(), CtlError> {
     let filter = format!("$KV.{BUCKET_STATUS}.>");
+    let mut matching = Matching::new(conn, selector)?;
     let mut follow = js::follow(conn, BUCKET_STATUS, &filter, None)?;
     eprintln!("watching {BUCKET_STATUS} (Ctrl-C stops)");
     let mut next_seq: Option<u64> = None;
@@ -94,7 +103,9 @@ pub fn run(conn: &nats::Connection, heartbeats: bool) -> Result<(), CtlError> {
         match follow.next(WAIT) {
             Followed::Entry(e) => {
                 next_seq = Some(e.seq + 1);
-                if let Some(l) = line(&e, heartbeats, Timestamp::now()) {
+                let device = e.key.split('.').next().unwrap_or_default();
+                let printed = line(&e, heartbeats, Timestamp::now());
+                if let Some(l) = printed.filter(|_| matching.contains(conn, device)) {
                     let mut out = stdout.lock();
                     if writeln!(out, "{l}").and_then(|()| out.flush()).is_err() {
                         // The reader went away (a closed pipe).
@@ -115,6 +126,55 @@ pub fn run(conn: &nats::Connection, heartbeats: bool) -> Result<(), CtlError> {
                 }
             },
         }
+    }
+}
+
+/// The devices a selector matches, read again every [`RESELECT`] and, at
+/// most once a second, when a device not among them changes (labels and
+/// facts change: a device joins the group).
+struct Matching<'a> {
+    selector: Option<&'a Selector>,
+    devices: BTreeSet<String>,
+    read_at: Instant,
+}
+
+const RESELECT: Duration = Duration::from_secs(10);
+
+impl<'a> Matching<'a> {
+    fn new(conn: &nats::Connection, selector: Option<&'a Selector>) -> Result<Self, CtlError> {
+        let mut m = Matching {
+            selector,
+            devices: BTreeSet::new(),
+            read_at: Instant::now(),
+        };
+        m.read(conn)?;
+        Ok(m)
+    }
+
+    fn read(&mut self, conn: &nats::Connection) -> Result<(), CtlError> {
+        if self.selector.is_some() {
+            self.devices = labels::select(conn, self.selector, Keys::Upgrade)?
+                .into_iter()
+                .map(|d| d.view.id.to_string())
+                .collect();
+        }
+        self.read_at = Instant::now();
+        Ok(())
+    }
+
+    fn contains(&mut self, conn: &nats::Connection, device: &str) -> bool {
+        if self.selector.is_none() {
+            return true;
+        }
+        if self.read_at.elapsed() > RESELECT || !self.devices.contains(device) {
+            // A device unknown so far may have joined; at most once per second.
+            if self.read_at.elapsed() > Duration::from_secs(1) {
+                if let Err(e) = self.read(conn) {
+                    eprintln!("fleetctl watch: {e}; using the devices matched before");
+                }
+            }
+        }
+        self.devices.contains(device)
     }
 }
 

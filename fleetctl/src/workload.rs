@@ -3,10 +3,9 @@
 //! here, naming the field) and written in its canonical form.
 //!
 //! Generation-2 agents read one document per device, `fleet-workloads`
-//! `<device>.desired` (`DesiredWorkloads`): apply and rm read it (every
-//! other spec kept as written, valid or not, so an invalid one can be
-//! replaced or removed), change
-//! one workload and write it back by compare-and-set (re-read and retried
+//! `<device>.desired` (`DesiredWorkloads`): apply and rm read it, change
+//! one workload (the others kept as written, an invalid one included) and
+//! write it back by compare-and-set (re-read and retried
 //! when another operator wrote in between). Agent 0.1.0 reads
 //! `fleet-desired` `<device>.<workload>`: as long as that bucket exists (a
 //! fleet that may still run 0.1.0, or roll back to it), the same change is
@@ -16,6 +15,8 @@
 use std::fmt::Write;
 use std::path::Path;
 
+use std::collections::BTreeMap;
+
 use fleet_common::contracts::{DesiredWorkloadsRaw, WorkloadSpec, WorkloadsReport};
 use fleet_common::durable;
 use fleet_common::limits::{MAX_DESIRED_DOC_BYTES, MAX_KV_VALUE_BYTES, MAX_WORKLOADS_PER_DEVICE};
@@ -24,6 +25,8 @@ use fleet_common::subjects::{
     BUCKET_WORKLOADS,
 };
 use fleet_common::validate::{DeviceId, WorkloadName};
+use serde::Serialize;
+use serde_json::value::RawValue;
 
 use crate::error::CtlError;
 use crate::js;
@@ -44,15 +47,8 @@ pub fn kv(conn: &nats::Connection, bucket: &str) -> Result<nats::kv::Store, CtlE
         )))
 }
 
-/// Validates the spec in `file` (`-`: stdin) and puts it; returns the
-/// revision and the spec hash.
-pub fn apply(
-    conn: &nats::Connection,
-    device: &str,
-    workload: &str,
-    file: &Path,
-) -> Result<(u64, String), CtlError> {
-    let (d, w) = ids(device, workload)?;
+/// Reads and validates the spec in `file` (`-`: stdin).
+pub fn read_spec(file: &Path) -> Result<WorkloadSpec, CtlError> {
     let bytes = if file == Path::new("-") {
         let mut b = Vec::new();
         std::io::Read::read_to_end(
@@ -65,11 +61,34 @@ pub fn apply(
         durable::read_bounded(file, MAX_KV_VALUE_BYTES as u64)
             .map_err(|e| CtlError::Input(e.to_string()))?
     };
-    let spec = WorkloadSpec::from_json(&bytes)
-        .map_err(|e| CtlError::Input(format!("{}: {e}", file.display())))?;
-    let canonical = serde_json::to_vec(&spec).map_err(|e| CtlError::Input(e.to_string()))?;
-    let raw = serde_json::value::to_raw_value(&spec).map_err(|e| CtlError::Input(e.to_string()))?;
-    let rev = edit_document(conn, &d, |doc| {
+    WorkloadSpec::from_json(&bytes).map_err(|e| CtlError::Input(format!("{}: {e}", file.display())))
+}
+
+/// Validates the spec in `file` (`-`: stdin) and puts it; returns the
+/// revision and the spec hash.
+pub fn apply(
+    conn: &nats::Connection,
+    device: &str,
+    workload: &str,
+    file: &Path,
+) -> Result<(u64, String), CtlError> {
+    let (d, w) = ids(device, workload)?;
+    let spec = read_spec(file)?;
+    let rev = put_spec(conn, &d, &w, &spec)?;
+    Ok((rev, spec.spec_hash().as_str().to_owned()))
+}
+
+/// Puts `spec` as `d`'s workload `w` (document by compare-and-set, then
+/// the legacy key while it exists); returns the document's revision.
+pub fn put_spec(
+    conn: &nats::Connection,
+    d: &DeviceId,
+    w: &WorkloadName,
+    spec: &WorkloadSpec,
+) -> Result<u64, CtlError> {
+    let canonical = serde_json::to_vec(spec).map_err(|e| CtlError::Input(e.to_string()))?;
+    let raw = serde_json::value::to_raw_value(spec).map_err(|e| CtlError::Input(e.to_string()))?;
+    let rev = edit_document(conn, d, |doc| {
         if !doc.workloads.contains_key(w.as_str())
             && doc.workloads.len() >= MAX_WORKLOADS_PER_DEVICE
         {
@@ -77,27 +96,36 @@ pub fn apply(
                 "device {d} already has {MAX_WORKLOADS_PER_DEVICE} workloads, the most one device runs"
             )));
         }
-        doc.workloads.insert(w.as_str().to_owned(), raw.clone());
+        doc.workloads.insert(w.to_string(), raw.clone());
         Ok(())
     })?;
     if let Some(legacy) = legacy_store(conn)? {
-        let key = desired_key(&d, &w);
+        let key = desired_key(d, w);
         legacy.put(&key, canonical).map_err(CtlError::nats(format!(
             "writing {BUCKET_DESIRED} {key} (for agents 0.1.0)"
         )))?;
     }
-    Ok((rev, spec.spec_hash().as_str().to_owned()))
+    Ok(rev)
 }
 
 /// Removes a desired workload (the agent removes its container).
 pub fn rm(conn: &nats::Connection, device: &str, workload: &str) -> Result<(), CtlError> {
     let (d, w) = ids(device, workload)?;
-    edit_document(conn, &d, |doc| {
+    remove_spec(conn, &d, &w)
+}
+
+/// Removes `d`'s workload `w` (document, then the legacy key).
+pub fn remove_spec(
+    conn: &nats::Connection,
+    d: &DeviceId,
+    w: &WorkloadName,
+) -> Result<(), CtlError> {
+    edit_document(conn, d, |doc| {
         doc.workloads.remove(w.as_str());
         Ok(())
     })?;
     if let Some(legacy) = legacy_store(conn)? {
-        let key = desired_key(&d, &w);
+        let key = desired_key(d, w);
         legacy.delete(&key).map_err(CtlError::nats(format!(
             "deleting {BUCKET_DESIRED} {key} (for agents 0.1.0)"
         )))?;
@@ -109,25 +137,49 @@ pub fn rm(conn: &nats::Connection, device: &str, workload: &str) -> Result<(), C
 /// attempt means another operator wrote that device in between).
 const CAS_ATTEMPTS: usize = 5;
 
-/// A device's document as written (each spec kept as its JSON, valid or
-/// not, so that an operator can replace or remove an invalid one) and its
-/// revision (`None`: never written, or deleted).
-fn read_raw_document(
-    store: &nats::kv::Store,
+/// A device's desired-workloads document as stored: each spec kept as
+/// its JSON, so that a change to one workload keeps the others as they are
+/// (one the agent refuses included: it is reported, not lost).
+#[derive(Debug, Default, Serialize)]
+pub struct Document {
+    pub workloads: BTreeMap<String, Box<RawValue>>,
+}
+
+impl Document {
+    /// Workload `w`'s spec: `None` when absent, `Some(Err)` when invalid.
+    pub fn spec(&self, w: &WorkloadName) -> Option<Result<WorkloadSpec, String>> {
+        self.workloads
+            .get(w.as_str())
+            .map(|raw| WorkloadSpec::from_json(raw.get().as_bytes()).map_err(|e| e.to_string()))
+    }
+}
+
+/// A device's desired-workloads document and its revision (`None`: never
+/// written, or deleted). The document's shape is checked; each spec is
+/// kept as written ([`Document`]).
+pub fn read_document(
+    conn: &nats::Connection,
     device: &DeviceId,
-) -> Result<(DesiredWorkloadsRaw, Option<u64>), CtlError> {
+) -> Result<(Document, Option<u64>), CtlError> {
     let key = desired_doc_key(device);
-    let entry = store
+    let entry = kv(conn, BUCKET_WORKLOADS)?
         .entry(&key)
         .map_err(CtlError::nats(format!("reading {BUCKET_WORKLOADS} {key}")))?;
     match entry {
-        None => Ok((DesiredWorkloadsRaw::default(), None)),
-        Some(e) if e.value.is_empty() => Ok((DesiredWorkloadsRaw::default(), Some(e.revision))),
+        None => Ok((Document::default(), None)),
+        Some(e) if e.value.is_empty() => Ok((Document::default(), Some(e.revision))),
         Some(e) => DesiredWorkloadsRaw::from_json(&e.value)
-            .map(|doc| (doc, Some(e.revision)))
+            .map(|doc| {
+                (
+                    Document {
+                        workloads: doc.workloads,
+                    },
+                    Some(e.revision),
+                )
+            })
             .map_err(|err| {
                 CtlError::Refused(format!(
-                    "{BUCKET_WORKLOADS} {key} (revision {}): {err}; inspect it with `nats kv get {BUCKET_WORKLOADS} {key}`, then rewrite or delete it",
+                    "{BUCKET_WORKLOADS} {key} (revision {}) is not a valid desired-workloads document: {err}; inspect it with `nats kv get {BUCKET_WORKLOADS} {key}` and rewrite or delete it",
                     e.revision
                 ))
             }),
@@ -139,12 +191,12 @@ fn read_raw_document(
 fn edit_document(
     conn: &nats::Connection,
     device: &DeviceId,
-    mut edit: impl FnMut(&mut DesiredWorkloadsRaw) -> Result<(), CtlError>,
+    mut edit: impl FnMut(&mut Document) -> Result<(), CtlError>,
 ) -> Result<u64, CtlError> {
     let store = kv(conn, BUCKET_WORKLOADS)?;
     let key = desired_doc_key(device);
     for _ in 0..CAS_ATTEMPTS {
-        let (mut doc, revision) = read_raw_document(&store, device)?;
+        let (mut doc, revision) = read_document(conn, device)?;
         edit(&mut doc)?;
         let bytes = serde_json::to_vec(&doc).map_err(|e| CtlError::Input(e.to_string()))?;
         if bytes.len() > MAX_DESIRED_DOC_BYTES {
@@ -174,7 +226,7 @@ fn edit_document(
 }
 
 /// Whether a KV write failed the compare-and-set check.
-fn is_wrong_last_sequence(e: &std::io::Error) -> bool {
+pub fn is_wrong_last_sequence(e: &std::io::Error) -> bool {
     let text = e.to_string();
     text.contains("wrong last sequence") || text.contains("10071") || text.contains("key exists")
 }

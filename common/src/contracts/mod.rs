@@ -7,6 +7,7 @@ mod device;
 mod journal;
 mod local;
 mod oci;
+mod operator;
 mod release;
 mod seen;
 mod selftest;
@@ -32,6 +33,11 @@ pub use oci::{
     registry_error_summary, AgentArtifact, ManifestError, OciDescriptor, OciDigest, OciManifest,
     AGENT_ARTIFACT_TYPE, AGENT_BINARY_MEDIA_TYPE, MAX_REGISTRY_ERROR_BYTES, OCI_EMPTY_BLOB,
     OCI_EMPTY_MEDIA_TYPE, OCI_MANIFEST_MEDIA_TYPE,
+};
+pub use operator::{
+    check_label, is_label_key, is_label_value, is_rollout_id, BatchResult, DeviceLabels,
+    LabelError, RolloutFailure, RolloutPhase, RolloutState, FACT_NAMES, MAX_LABELS_PER_DEVICE,
+    MAX_LABEL_CHARS, MAX_ROLLOUT_ID_CHARS,
 };
 pub use release::{Release, ReleaseArtifact, ReleaseArtifacts, ReleaseError};
 pub use seen::{
