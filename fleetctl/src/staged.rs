@@ -1080,6 +1080,7 @@ mod tests {
             agent_version: Version::parse("1.0").expect("v"),
             config_state: state,
             stopping: None,
+            podman_unreachable: None,
         });
         Device {
             view,

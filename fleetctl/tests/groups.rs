@@ -75,6 +75,7 @@ fn heartbeat(version: &str) -> Heartbeat {
             intent_waiting: false,
         },
         stopping: None,
+        podman_unreachable: None,
     }
 }
 
