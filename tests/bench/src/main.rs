@@ -12,7 +12,9 @@
 //! - `fleet`: N simulated agents converging on one change ([`fleet`]);
 //! - `rollout`: `fleetctl rollout` over 10,000 devices ([`rollout`]);
 //! - `cutover`: the updater's cutover against `systemctl restart`, in a
-//!   booted Debian container ([`cutover`]).
+//!   booted Debian container ([`cutover`]);
+//! - `scale`: simulated fleets of both device protocols on a 3-node
+//!   cluster ([`scale`]).
 //!
 //! Every server and process is started here and stopped on exit, whatever
 //! way the run ends (guards); a missing tool panics naming its Debian
@@ -26,6 +28,7 @@ mod notify;
 mod procfs;
 mod report;
 mod rollout;
+mod scale;
 mod updater;
 
 use std::process::ExitCode;
@@ -41,15 +44,18 @@ const USAGE: &str = "fleet-bench: measures the DESIGN.md targets (run it with `m
 
 Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--latency-runs N] [--fleet N,...] [--rollout N]
-                   [--cutover-runs N]
+                   [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
 
-Sections: sizes, device, download, fleet, rollout, cutover (default: all).
+Sections: sizes, device, download, fleet, rollout, cutover, scale (default: all).
 Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
-          --rollout 10000 --cutover-runs 7
+          --rollout 10000 --cutover-runs 7 --scale 1000,10000
+          --scale-window-secs 30
 ";
 
 /// Every section, in the order they run.
-const SECTIONS: [&str; 6] = ["sizes", "device", "download", "fleet", "rollout", "cutover"];
+const SECTIONS: [&str; 7] = [
+    "sizes", "device", "download", "fleet", "rollout", "cutover", "scale",
+];
 
 #[derive(Debug)]
 struct Args {
@@ -60,6 +66,8 @@ struct Args {
     fleet: Vec<usize>,
     rollout: usize,
     cutover_runs: usize,
+    scale: Vec<usize>,
+    scale_window: Duration,
 }
 
 impl Args {
@@ -72,6 +80,8 @@ impl Args {
             fleet: vec![100, 1000],
             rollout: 10_000,
             cutover_runs: 7,
+            scale: vec![1_000, 10_000],
+            scale_window: Duration::from_secs(30),
         };
         let mut args = args.peekable();
         while let Some(arg) = args.next() {
@@ -96,6 +106,15 @@ impl Args {
                 "--rollout" => a.rollout = number(value()?)?,
                 "--cutover-runs" => a.cutover_runs = number(value()?)?,
                 "--latency-runs" => a.latency_runs = number(value()?)?,
+                "--scale-window-secs" => {
+                    a.scale_window = Duration::from_secs(number(value()?)? as u64)
+                }
+                "--scale" => {
+                    a.scale = value()?
+                        .split(',')
+                        .map(|n| number(n.to_owned()))
+                        .collect::<Result<_, _>>()?
+                }
                 "--fleet" => {
                     a.fleet = value()?
                         .split(',')
@@ -200,6 +219,13 @@ fn run(args: &Args) -> Table {
     if args.has("cutover") {
         for row in cutover::cutover_rows(args.cutover_runs) {
             table.push(row);
+        }
+    }
+    if args.has("scale") {
+        for n in &args.scale {
+            for row in scale::scale_rows(*n, args.scale_window) {
+                table.push(row);
+            }
         }
     }
     table
