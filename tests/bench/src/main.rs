@@ -222,10 +222,8 @@ fn run(args: &Args) -> Table {
         }
     }
     if args.has("scale") {
-        for n in &args.scale {
-            for row in scale::scale_rows(*n, args.scale_window) {
-                table.push(row);
-            }
+        for row in scale::scale_rows(&args.scale, args.scale_window) {
+            table.push(row);
         }
     }
     table

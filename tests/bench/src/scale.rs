@@ -64,20 +64,71 @@ impl Measured {
     }
 }
 
-/// The rows of one N, generation 2 as "ours", generation 1 as the baseline.
-pub fn scale_rows(n: usize, window: Duration) -> Vec<Row> {
-    let want = (2 * n as u64 + 20_000).max(65_536);
-    let nofile = fleet_sim::raise_nofile(want);
-    if nofile < n as u64 + 1_000 {
-        return vec![Row::todo(
-            &format!("scale {n}: every figure"),
-            "—",
-            &format!("open-file limit {nofile} (could not raise it to {want}): run as root or raise `ulimit -Hn`"),
-        )];
+/// The rows of every N (generation 2 as "ours", generation 1 as the
+/// baseline), then the slopes between consecutive Ns.
+pub fn scale_rows(ns: &[usize], window: Duration) -> Vec<Row> {
+    let mut out = Vec::new();
+    let mut done: Vec<(usize, Measured, Measured)> = Vec::new();
+    for &n in ns {
+        let want = (2 * n as u64 + 20_000).max(65_536);
+        let nofile = fleet_sim::raise_nofile(want);
+        if nofile < n as u64 + 1_000 {
+            out.push(Row::todo(
+                &format!("scale {n}: every figure"),
+                "—",
+                &format!("open-file limit {nofile} (could not raise it to {want}): run as root or raise `ulimit -Hn`"),
+            ));
+            continue;
+        }
+        let g1 = measure(Generation::One, n, window);
+        let g2 = measure(Generation::Two, n, window);
+        out.extend(rows(n, window, &g1, &g2));
+        if g1.failure.is_none() && g2.failure.is_none() {
+            done.push((n, g1, g2));
+        }
     }
-    let g1 = measure(Generation::One, n, window);
-    let g2 = measure(Generation::Two, n, window);
-    rows(n, window, &g1, &g2)
+    for pair in done.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        out.push(slope_row(a, b));
+    }
+    out
+}
+
+/// RSS and CPU per device between two Ns (the fixed part cancels out),
+/// and the CPU per heartbeat write that follows.
+fn slope_row(a: &(usize, Measured, Measured), b: &(usize, Measured, Measured)) -> Row {
+    let dn = (b.0 - a.0) as f64;
+    let rss = |m: &Measured| m.rss_settled.iter().sum::<u64>() as f64;
+    let cpu = |m: &Measured| m.cpu_settled.iter().sum::<f64>();
+    let per = |x: &Measured, y: &Measured| (rss(y) - rss(x)) / dn;
+    let (r2, r1) = (per(&a.2, &b.2), per(&a.1, &b.1));
+    let cpu2 = (cpu(&b.2) - cpu(&a.2)) / dn;
+    let cpu1 = (cpu(&b.1) - cpu(&a.1)) / dn;
+    let writes = b.2.status_per_sec - a.2.status_per_sec;
+    let per_write = if writes > 0.0 {
+        (cpu(&b.2) - cpu(&a.2)) / 100.0 / writes * 1e6
+    } else {
+        0.0
+    };
+    Row::new(format!(
+        "scale slope {} → {}: server RSS per device (3 nodes)",
+        thousands(a.0),
+        thousands(b.0)
+    ))
+    .ours(kib(r2))
+    .baseline(format!("{} (gen 1)", kib(r1)))
+    .ratio(format!("{:.2}×", r2 / r1.max(1.0)))
+    .target("≤ 100 KiB", Verdict::from_ok(r2 <= 100.0 * 1024.0))
+    .note(format!(
+        "(RSS settled at {} − at {}) / {} devices, the three nodes summed: what each further device costs, the fixed part cancelled. CPU settled per device: gen 2 {:.4} %, gen 1 {:.4} % of one core; gen 2's steady state is its heartbeats, so one acknowledged R3 status write costs the cluster about {:.0} µs of CPU here ({:.0} more writes/s).",
+        thousands(b.0),
+        thousands(a.0),
+        thousands(b.0 - a.0),
+        cpu2,
+        cpu1,
+        per_write,
+        writes
+    ))
 }
 
 fn measure(generation: Generation, n: usize, window: Duration) -> Measured {
