@@ -45,11 +45,12 @@ const USAGE: &str = "fleet-bench: measures the DESIGN.md targets (run it with `m
 Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--latency-runs N] [--fleet N,...] [--rollout N]
                    [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
+                   [--scale-nats 2.14,2.9]
 
 Sections: sizes, device, download, fleet, rollout, cutover, scale (default: all).
 Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
           --rollout 10000 --cutover-runs 7 --scale 1000,10000
-          --scale-window-secs 30
+          --scale-window-secs 30 --scale-nats 2.14
 ";
 
 /// Every section, in the order they run.
@@ -68,6 +69,7 @@ struct Args {
     cutover_runs: usize,
     scale: Vec<usize>,
     scale_window: Duration,
+    scale_nats: Vec<NatsVersion>,
 }
 
 impl Args {
@@ -82,6 +84,7 @@ impl Args {
             cutover_runs: 7,
             scale: vec![1_000, 10_000],
             scale_window: Duration::from_secs(30),
+            scale_nats: vec![NatsVersion::V2_14],
         };
         let mut args = args.peekable();
         while let Some(arg) = args.next() {
@@ -106,6 +109,18 @@ impl Args {
                 "--rollout" => a.rollout = number(value()?)?,
                 "--cutover-runs" => a.cutover_runs = number(value()?)?,
                 "--latency-runs" => a.latency_runs = number(value()?)?,
+                "--scale-nats" => {
+                    a.scale_nats = value()?
+                        .split(',')
+                        .map(|v| match v {
+                            "2.14" => Ok(NatsVersion::V2_14),
+                            "2.9" => Ok(NatsVersion::V2_9),
+                            other => Err(format!(
+                                "{other:?} is not a nats-server version (2.14, 2.9)"
+                            )),
+                        })
+                        .collect::<Result<_, _>>()?
+                }
                 "--scale-window-secs" => {
                     a.scale_window = Duration::from_secs(number(value()?)? as u64)
                 }
@@ -222,8 +237,10 @@ fn run(args: &Args) -> Table {
         }
     }
     if args.has("scale") {
-        for row in scale::scale_rows(&args.scale, args.scale_window) {
-            table.push(row);
+        for v in &args.scale_nats {
+            for row in scale::scale_rows(&args.scale, args.scale_window, *v) {
+                table.push(row);
+            }
         }
     }
     table

@@ -1,6 +1,7 @@
 //! Fleet scale (issue 15): N simulated devices ([`fleet_sim`]: one event
 //! loop, each device its own NATS user speaking the agent's protocol) on a
-//! local 3-node nats-server 2.14 cluster with R3 buckets, generation 1
+//! local 3-node nats-server cluster (2.14; `--scale-nats 2.9` for Debian's)
+//! with R3 buckets, generation 1
 //! (agent 0.1.0: a consumer per device, the baseline) and generation 2
 //! (republish + Direct Get) side by side in the same run, each on a fresh
 //! cluster.
@@ -66,7 +67,7 @@ impl Measured {
 
 /// The rows of every N (generation 2 as "ours", generation 1 as the
 /// baseline), then the slopes between consecutive Ns.
-pub fn scale_rows(ns: &[usize], window: Duration) -> Vec<Row> {
+pub fn scale_rows(ns: &[usize], window: Duration, version: NatsVersion) -> Vec<Row> {
     let mut out = Vec::new();
     let mut done: Vec<(usize, Measured, Measured)> = Vec::new();
     for &n in ns {
@@ -80,23 +81,27 @@ pub fn scale_rows(ns: &[usize], window: Duration) -> Vec<Row> {
             ));
             continue;
         }
-        let g1 = measure(Generation::One, n, window);
-        let g2 = measure(Generation::Two, n, window);
-        out.extend(rows(n, window, &g1, &g2));
+        let g1 = measure(Generation::One, n, window, version);
+        let g2 = measure(Generation::Two, n, window, version);
+        out.extend(rows(n, window, version, &g1, &g2));
         if g1.failure.is_none() && g2.failure.is_none() {
             done.push((n, g1, g2));
         }
     }
     for pair in done.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
-        out.push(slope_row(a, b));
+        out.push(slope_row(a, b, version));
     }
     out
 }
 
 /// RSS and CPU per device between two Ns (the fixed part cancels out),
 /// and the CPU per heartbeat write that follows.
-fn slope_row(a: &(usize, Measured, Measured), b: &(usize, Measured, Measured)) -> Row {
+fn slope_row(
+    a: &(usize, Measured, Measured),
+    b: &(usize, Measured, Measured),
+    version: NatsVersion,
+) -> Row {
     let dn = (b.0 - a.0) as f64;
     let rss = |m: &Measured| m.rss_settled.iter().sum::<u64>() as f64;
     let cpu = |m: &Measured| m.cpu_settled.iter().sum::<f64>();
@@ -111,9 +116,13 @@ fn slope_row(a: &(usize, Measured, Measured), b: &(usize, Measured, Measured)) -
         0.0
     };
     Row::new(format!(
-        "scale slope {} → {}: server RSS per device (3 nodes)",
+        "scale slope {} → {}: server RSS per device (3 nodes{})",
         thousands(a.0),
-        thousands(b.0)
+        thousands(b.0),
+        match version {
+            NatsVersion::V2_14 => "",
+            NatsVersion::V2_9 => ", nats-server 2.9",
+        }
     ))
     .ours(kib(r2))
     .baseline(format!("{} (gen 1)", kib(r1)))
@@ -131,12 +140,15 @@ fn slope_row(a: &(usize, Measured, Measured), b: &(usize, Measured, Measured)) -
     ))
 }
 
-fn measure(generation: Generation, n: usize, window: Duration) -> Measured {
-    eprintln!("bench: scale {n}, {}", generation.label());
+fn measure(generation: Generation, n: usize, window: Duration, version: NatsVersion) -> Measured {
+    eprintln!(
+        "bench: scale {n}, {}, nats-server {version:?}",
+        generation.label()
+    );
     let ids = device_ids(generation, n);
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     let mut cluster = NatsCluster::start_fleet_with(
-        NatsVersion::V2_14,
+        version,
         &refs,
         &ClusterOptions {
             monitoring: true,
@@ -253,8 +265,17 @@ fn cpu_list(v: &[f64]) -> String {
         + " %"
 }
 
-fn rows(n: usize, window: Duration, g1: &Measured, g2: &Measured) -> Vec<Row> {
-    let label = format!("scale {}", thousands(n));
+fn rows(
+    n: usize,
+    window: Duration,
+    version: NatsVersion,
+    g1: &Measured,
+    g2: &Measured,
+) -> Vec<Row> {
+    let label = match version {
+        NatsVersion::V2_14 => format!("scale {}", thousands(n)),
+        NatsVersion::V2_9 => format!("scale {} (nats-server 2.9)", thousands(n)),
+    };
     if let Some(e) = g2.failure.as_ref().or(g1.failure.as_ref()) {
         return vec![Row::todo(
             &format!("{label}: every figure"),
