@@ -445,4 +445,21 @@ mod tests {
             "unknown argument \"--runs\""
         );
     }
+
+    #[test]
+    fn scale_arguments() {
+        let a = parse(&[
+            "--only",
+            "scale",
+            "--scale",
+            "100,2000",
+            "--scale-nats",
+            "2.9,2.14",
+        ])
+        .expect("valid");
+        assert!(a.has("scale") && !a.has("fleet"));
+        assert_eq!(a.scale, vec![100, 2000]);
+        assert_eq!(a.scale_nats, vec![NatsVersion::V2_9, NatsVersion::V2_14]);
+        assert!(parse(&["--scale-nats", "2.10"]).is_err());
+    }
 }
