@@ -12,7 +12,9 @@
 //! - `fleet`: N simulated agents converging on one change ([`fleet`]);
 //! - `rollout`: `fleetctl rollout` over 10,000 devices ([`rollout`]);
 //! - `cutover`: the updater's cutover against `systemctl restart`, in a
-//!   booted Debian container ([`cutover`]).
+//!   booted Debian container ([`cutover`]);
+//! - `scale`: simulated fleets of both device protocols on a 3-node
+//!   cluster ([`scale`]).
 //!
 //! Every server and process is started here and stopped on exit, whatever
 //! way the run ends (guards); a missing tool panics naming its Debian
@@ -26,6 +28,7 @@ mod notify;
 mod procfs;
 mod report;
 mod rollout;
+mod scale;
 mod updater;
 
 use std::process::ExitCode;
@@ -42,15 +45,19 @@ const USAGE: &str = "fleet-bench: measures the DESIGN.md targets (run it with `m
 
 Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--latency-runs N] [--fleet N,...] [--rollout N]
-                   [--cutover-runs N]
+                   [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
+                   [--scale-nats 2.14,2.9]
 
-Sections: sizes, device, download, fleet, rollout, cutover (default: all).
+Sections: sizes, device, download, fleet, rollout, cutover, scale (default: all).
 Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
-          --rollout 10000 --cutover-runs 7
+          --rollout 10000 --cutover-runs 7 --scale 1000,10000
+          --scale-window-secs 30 --scale-nats 2.14
 ";
 
 /// Every section, in the order they run.
-const SECTIONS: [&str; 6] = ["sizes", "device", "download", "fleet", "rollout", "cutover"];
+const SECTIONS: [&str; 7] = [
+    "sizes", "device", "download", "fleet", "rollout", "cutover", "scale",
+];
 
 #[derive(Debug)]
 struct Args {
@@ -61,6 +68,9 @@ struct Args {
     fleet: Vec<usize>,
     rollout: usize,
     cutover_runs: usize,
+    scale: Vec<usize>,
+    scale_window: Duration,
+    scale_nats: Vec<NatsVersion>,
 }
 
 impl Args {
@@ -73,6 +83,9 @@ impl Args {
             fleet: vec![100, 1000],
             rollout: 10_000,
             cutover_runs: 7,
+            scale: vec![1_000, 10_000],
+            scale_window: Duration::from_secs(30),
+            scale_nats: vec![NatsVersion::V2_14],
         };
         let mut args = args.peekable();
         while let Some(arg) = args.next() {
@@ -97,6 +110,27 @@ impl Args {
                 "--rollout" => a.rollout = number(value()?)?,
                 "--cutover-runs" => a.cutover_runs = number(value()?)?,
                 "--latency-runs" => a.latency_runs = number(value()?)?,
+                "--scale-nats" => {
+                    a.scale_nats = value()?
+                        .split(',')
+                        .map(|v| match v {
+                            "2.14" => Ok(NatsVersion::V2_14),
+                            "2.9" => Ok(NatsVersion::V2_9),
+                            other => Err(format!(
+                                "{other:?} is not a nats-server version (2.14, 2.9)"
+                            )),
+                        })
+                        .collect::<Result<_, _>>()?
+                }
+                "--scale-window-secs" => {
+                    a.scale_window = Duration::from_secs(number(value()?)? as u64)
+                }
+                "--scale" => {
+                    a.scale = value()?
+                        .split(',')
+                        .map(|n| number(n.to_owned()))
+                        .collect::<Result<_, _>>()?
+                }
                 "--fleet" => {
                     a.fleet = value()?
                         .split(',')
@@ -201,6 +235,13 @@ fn run(args: &Args) -> Table {
     if args.has("cutover") {
         for row in cutover::cutover_rows(args.cutover_runs) {
             table.push(row);
+        }
+    }
+    if args.has("scale") {
+        for v in &args.scale_nats {
+            for row in scale::scale_rows(&args.scale, args.scale_window, *v) {
+                table.push(row);
+            }
         }
     }
     table
@@ -395,5 +436,22 @@ mod tests {
             parse(&["--runs"]).expect_err("unknown"),
             "unknown argument \"--runs\""
         );
+    }
+
+    #[test]
+    fn scale_arguments() {
+        let a = parse(&[
+            "--only",
+            "scale",
+            "--scale",
+            "100,2000",
+            "--scale-nats",
+            "2.9,2.14",
+        ])
+        .expect("valid");
+        assert!(a.has("scale") && !a.has("fleet"));
+        assert_eq!(a.scale, vec![100, 2000]);
+        assert_eq!(a.scale_nats, vec![NatsVersion::V2_9, NatsVersion::V2_14]);
+        assert!(parse(&["--scale-nats", "2.10"]).is_err());
     }
 }

@@ -391,8 +391,19 @@ impl NatsServer {
 pub struct NatsCluster {
     version: NatsVersion,
     ports: Vec<u16>,
+    /// Monitoring (HTTP) ports, with [`ClusterOptions::monitoring`].
+    monitor_ports: Vec<u16>,
     nodes: Vec<Option<ChildGuard>>,
     dir: TempDir,
+}
+
+/// What [`NatsCluster::start_fleet_with`] adds to the fleet layout.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// Each node serves `/varz`, `/jsz`, `/connz` on a loopback HTTP port.
+    pub monitoring: bool,
+    /// `max_connections` of each node (the server's default is 65,536).
+    pub max_connections: Option<usize>,
 }
 
 /// Nodes in a [`NatsCluster`].
@@ -400,6 +411,16 @@ const CLUSTER_NODES: usize = 3;
 
 impl NatsCluster {
     pub fn start_fleet(v: NatsVersion, devices: &[&str]) -> NatsCluster {
+        Self::start_fleet_with(v, devices, &ClusterOptions::default())
+    }
+
+    /// [`start_fleet`](Self::start_fleet) with monitoring ports and
+    /// connection limits (the fleet-scale bench).
+    pub fn start_fleet_with(
+        v: NatsVersion,
+        devices: &[&str],
+        options: &ClusterOptions,
+    ) -> NatsCluster {
         let dir = server_dir("fleet-nats-cluster-");
         let passwords: Vec<String> = devices.iter().map(|d| device_password(d)).collect();
         let creds: Vec<(&str, &str)> = devices
@@ -416,13 +437,25 @@ impl NatsCluster {
             let routes: Vec<SocketAddr> = (0..CLUSTER_NODES)
                 .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
                 .collect();
+            let monitor: Vec<u16> = if options.monitoring {
+                (0..CLUSTER_NODES).map(|_| free_port()).collect()
+            } else {
+                Vec::new()
+            };
             let mut nodes = Vec::new();
             let mut port_taken = false;
             for i in 0..CLUSTER_NODES {
                 let config = base.join(format!("n{i}.conf"));
+                let mut extra = String::new();
+                if let Some(port) = monitor.get(i) {
+                    extra.push_str(&format!("http: \"127.0.0.1:{port}\"\n"));
+                }
+                if let Some(n) = options.max_connections {
+                    extra.push_str(&format!("max_connections: {n}\n"));
+                }
                 write_file(
                     &config,
-                    &static_server_config(&StaticServerConfig {
+                    &(static_server_config(&StaticServerConfig {
                         listen: SocketAddr::from(([127, 0, 0, 1], client[i])),
                         server_name: Some(format!("n{i}")),
                         store_dir: base.join(format!("n{i}")),
@@ -434,7 +467,7 @@ impl NatsCluster {
                             routes: routes.clone(),
                         }),
                         protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
-                    }),
+                    }) + &extra),
                 );
                 let cmd = server_command(v, &["-c", &config.to_string_lossy()]);
                 match spawn_server(cmd, &format!("nats-{v:?}-n{i}"), true) {
@@ -459,6 +492,7 @@ impl NatsCluster {
             let cluster = NatsCluster {
                 version: v,
                 ports: client,
+                monitor_ports: monitor,
                 nodes,
                 dir,
             };
@@ -478,6 +512,31 @@ impl NatsCluster {
 
     pub fn version(&self) -> NatsVersion {
         self.version
+    }
+
+    /// Client addresses of every node, killed ones included.
+    pub fn client_addrs(&self) -> Vec<SocketAddr> {
+        self.ports
+            .iter()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+            .collect()
+    }
+
+    /// The monitoring address of node `i` (with [`ClusterOptions::monitoring`]).
+    pub fn monitor_addr(&self, i: usize) -> Option<SocketAddr> {
+        self.monitor_ports
+            .get(i)
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+    }
+
+    /// The process id of node `i`, while it runs.
+    pub fn node_pid(&self, i: usize) -> Option<u32> {
+        self.nodes.get(i)?.as_ref().map(ChildGuard::pid)
+    }
+
+    /// Nodes in the cluster (3).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
     }
 
     /// SIGKILLs node `i` (no restart).

@@ -1,0 +1,273 @@
+//! The steps the fleet-scale bench and the correctness test share: device
+//! ids, simulated fleets started on a [`NatsCluster`], first snapshots, a
+//! fan-out of one change per device, and a node loss with its recovery.
+
+use std::time::{Duration, Instant};
+
+use fleet_harness::{device_password, NatsCluster};
+
+use crate::admin::put_desired_all;
+use crate::{percentile, DeviceRecord, Generation, Sim, SimConfig};
+
+/// `sim-<gen>-000123`: generation and index.
+pub fn device_ids(generation: Generation, n: usize) -> Vec<String> {
+    let g = match generation {
+        Generation::One => 1,
+        Generation::Two => 2,
+    };
+    (0..n).map(|i| format!("sim{g}-{i:06}")).collect()
+}
+
+/// A simulated fleet of one generation.
+#[derive(Debug)]
+pub struct Fleet {
+    pub generation: Generation,
+    pub devices: Vec<String>,
+    pub sim: Sim,
+    /// The desired sequence each device should hold (after fan-outs).
+    pub seqs: Vec<u64>,
+}
+
+/// p50, p99 and max of some durations, and how many.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Spread {
+    pub n: usize,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+}
+
+impl Spread {
+    pub fn of(mut v: Vec<Duration>) -> Spread {
+        v.sort();
+        Spread {
+            n: v.len(),
+            p50: percentile(&v, 50.0),
+            p99: percentile(&v, 99.0),
+            max: v.last().copied().unwrap_or_default(),
+        }
+    }
+
+    /// `0.12 / 0.35 / 0.40 s`.
+    pub fn cell(&self) -> String {
+        format!(
+            "{:.2} / {:.2} / {:.2} s",
+            self.p50.as_secs_f64(),
+            self.p99.as_secs_f64(),
+            self.max.as_secs_f64()
+        )
+    }
+}
+
+impl Fleet {
+    /// Starts `devices` of `generation` on every node of `cluster`.
+    pub fn start(
+        cluster: &NatsCluster,
+        generation: Generation,
+        devices: Vec<String>,
+        tune: impl FnOnce(&mut SimConfig),
+    ) -> Fleet {
+        let mut cfg = SimConfig::new(
+            cluster.client_addrs(),
+            devices.clone(),
+            device_password,
+            generation,
+        );
+        tune(&mut cfg);
+        let sim = Sim::start(cfg).unwrap_or_else(|e| panic!("starting the simulator: {e}"));
+        let seqs = vec![0; devices.len()];
+        Fleet {
+            generation,
+            devices,
+            sim,
+            seqs,
+        }
+    }
+
+    /// Waits until every device has a complete snapshot; the spread of
+    /// the times from `since`.
+    pub fn wait_snapshots(&self, since: Instant, timeout: Duration) -> Result<Spread, String> {
+        let ok = self
+            .sim
+            .wait_until(timeout, |r| r.iter().all(|d| !d.snapshots.is_empty()));
+        let recs = self.sim.records();
+        if !ok {
+            return Err(self.missing(&recs, "no complete snapshot", |d| d.snapshots.is_empty()));
+        }
+        Ok(Spread::of(
+            recs.iter()
+                .filter_map(|d| d.snapshots.first())
+                .map(|t| t.saturating_duration_since(since))
+                .collect(),
+        ))
+    }
+
+    fn missing(
+        &self,
+        recs: &[DeviceRecord],
+        what: &str,
+        mut bad: impl FnMut(&DeviceRecord) -> bool,
+    ) -> String {
+        let bad: Vec<(usize, &DeviceRecord)> =
+            recs.iter().enumerate().filter(|(_, d)| bad(d)).collect();
+        let first = bad.first().map(|(i, d)| {
+            format!(
+                "{} (connects {}, errors {}, last error {:?})",
+                self.devices[*i],
+                d.connects.len(),
+                d.errors,
+                d.last_error
+            )
+        });
+        format!(
+            "{}: {} of {} devices with {what}; first: {}",
+            self.generation.label(),
+            bad.len(),
+            recs.len(),
+            first.unwrap_or_default()
+        )
+    }
+
+    /// One desired change per device, written by `admin`; returns the
+    /// spread from the first put to each device having it, and the time
+    /// the puts took to be acknowledged.
+    pub fn fan_out(
+        &mut self,
+        admin: &nats::Connection,
+        marker: &str,
+        timeout: Duration,
+    ) -> Result<(Spread, Duration), String> {
+        let expected = if self.generation == Generation::Two {
+            self.seqs.clone()
+        } else {
+            Vec::new()
+        };
+        let w = put_desired_all(admin, self.generation, &self.devices, &expected, marker)?;
+        self.seqs = w.seqs.clone();
+        let seqs = &self.seqs;
+        let ok = self.sim.wait_until(timeout, |r| {
+            r.iter()
+                .zip(seqs)
+                .all(|(d, s)| d.applied_at_least(*s).is_some())
+        });
+        let recs = self.sim.records();
+        if !ok {
+            let seqs = &self.seqs;
+            let bad: Vec<bool> = recs
+                .iter()
+                .zip(seqs)
+                .map(|(d, s)| d.applied_at_least(*s).is_none())
+                .collect();
+            let mut it = bad.iter();
+            return Err(self.missing(&recs, "the change not applied", |_| {
+                *it.next().unwrap_or(&false)
+            }));
+        }
+        let spread = Spread::of(
+            recs.iter()
+                .zip(&self.seqs)
+                .filter_map(|(d, s)| d.applied_at_least(*s))
+                .map(|t| t.saturating_duration_since(w.started))
+                .collect(),
+        );
+        Ok((spread, w.acked.saturating_duration_since(w.started)))
+    }
+
+    /// Devices connected to each of `nodes` servers now.
+    pub fn per_node(&self, nodes: usize) -> Vec<usize> {
+        let mut v = vec![0; nodes];
+        for d in self.sim.records().iter() {
+            if let Some(s) = d.server {
+                if s < nodes {
+                    v[s] += 1;
+                }
+            }
+        }
+        v
+    }
+
+    /// After a node was lost at `at`: waits until every device that lost
+    /// sync since then has a complete snapshot again (or `timeout`).
+    pub fn recovery(&self, at: Instant, timeout: Duration) -> Recovery {
+        let affected = |d: &DeviceRecord| d.lost_sync.iter().any(|t| *t >= at);
+        let recovered = |d: &DeviceRecord| {
+            d.lost_sync
+                .iter()
+                .rev()
+                .find(|t| **t >= at)
+                .is_some_and(|lost| d.snapshot_after(*lost).is_some())
+        };
+        self.sim.wait_until(timeout, |r| {
+            // Give a node loss a moment to be noticed before "all recovered".
+            at.elapsed() > Duration::from_secs(20) && r.iter().all(|d| !affected(d) || recovered(d))
+        });
+        let recs = self.sim.records();
+        let mut times = Vec::new();
+        let mut never = 0;
+        let mut affected_n = 0;
+        let mut errors = 0;
+        let mut first_never = None;
+        for (i, d) in recs.iter().enumerate() {
+            if !affected(d) {
+                continue;
+            }
+            affected_n += 1;
+            errors += d.errors;
+            match d.snapshots.iter().rev().find(|s| **s >= at) {
+                Some(t) if recovered(d) => times.push(t.saturating_duration_since(at)),
+                _ => {
+                    never += 1;
+                    if first_never.is_none() {
+                        first_never = Some(format!(
+                            "{}: lost sync {:?} s after the kill, {} connects, {} snapshots, last error {:?}",
+                            self.devices[i],
+                            d.lost_sync
+                                .iter()
+                                .filter(|t| **t >= at)
+                                .map(|t| t.duration_since(at).as_secs_f32())
+                                .collect::<Vec<_>>(),
+                            d.connects.len(),
+                            d.snapshots.len(),
+                            d.last_error
+                        ));
+                    }
+                }
+            }
+        }
+        Recovery {
+            affected: affected_n,
+            spread: Spread::of(times),
+            never,
+            errors,
+            first_never,
+        }
+    }
+
+    /// JetStream API requests the devices sent so far.
+    pub fn api_requests(&self) -> u64 {
+        self.sim.records().iter().map(|d| d.api_requests).sum()
+    }
+
+    /// Status puts sent and acknowledged so far.
+    pub fn status_puts(&self) -> (u64, u64) {
+        let r = self.sim.records();
+        (
+            r.iter().map(|d| d.status_puts).sum(),
+            r.iter().map(|d| d.status_acked).sum(),
+        )
+    }
+}
+
+/// What a node loss did to one fleet.
+#[derive(Debug, Clone, Default)]
+pub struct Recovery {
+    /// Devices that lost sync (their connection, or a consumer).
+    pub affected: usize,
+    /// From the kill to a complete snapshot again.
+    pub spread: Spread,
+    pub never: usize,
+    /// Errors the affected devices counted (failed requests, refusals).
+    pub errors: u64,
+    /// The first device never recovered, and why.
+    pub first_never: Option<String>,
+}
