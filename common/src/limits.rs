@@ -23,6 +23,11 @@ pub const NATS_CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const NATS_CONNECT_WINDOW: Duration = Duration::from_secs(3 * 60);
 /// Bound on one JetStream API request or publish acknowledgement.
 pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on one Direct Get of a device's key. Any replica answers it from
+/// memory in milliseconds; a request lost with a dying node must be retried
+/// well within the 10 s a device has to be back after a node loss (the
+/// fleet-scale bench saw a 10 s bound stretch one recovery to 11 s).
+pub const DIRECT_GET_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The complete candidate probe (`--self-test`) (seed: 4 min).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(4 * 60);

@@ -12,7 +12,7 @@
 use std::fmt;
 
 use fleet_common::jetstream::KeyVersion;
-use fleet_common::limits::NATS_REQUEST_TIMEOUT;
+use fleet_common::limits::DIRECT_GET_TIMEOUT;
 use fleet_common::subjects::{device_direct_get_subject, kv_subject};
 
 use super::connection::Nats;
@@ -71,7 +71,7 @@ pub fn read_key(nats: &Nats, bucket: &str, key: &str) -> Result<KeyRead, ReadErr
     let full_key = format!("{}.{key}", nats.device());
     let subject = device_direct_get_subject(bucket, &full_key);
     let m = nats
-        .request(&subject, b"", NATS_REQUEST_TIMEOUT)
+        .request(&subject, b"", DIRECT_GET_TIMEOUT)
         .map_err(ReadError::Request)?;
     if let Some(status) = status_of(&m) {
         if status == "404" {

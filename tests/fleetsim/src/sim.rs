@@ -593,9 +593,13 @@ impl Loop {
         d.next_req += 1;
         let reply = format!("{}{id}", d.inbox);
         proto::publish(&mut d.wbuf, subject, Some(&reply), payload);
+        // The agent's bounds: a Direct Get has its own, shorter one.
+        let timeout = match req {
+            Req::Get { .. } => fleet_common::limits::DIRECT_GET_TIMEOUT,
+            _ => self.cfg.request_timeout,
+        };
         d.reqs.push((id, req));
         let (idx, epoch) = (d.idx, d.epoch);
-        let timeout = self.cfg.request_timeout;
         self.timer(idx, timeout, epoch, TimerKind::ReqTimeout(id));
         self.mark(i);
     }
@@ -1114,7 +1118,11 @@ impl Loop {
                     return;
                 };
                 let (_, req) = d.reqs.swap_remove(pos);
-                let why = format!("no reply within {} s", self.cfg.request_timeout.as_secs());
+                let bound = match req {
+                    Req::Get { .. } => fleet_common::limits::DIRECT_GET_TIMEOUT,
+                    _ => self.cfg.request_timeout,
+                };
+                let why = format!("no reply within {} s", bound.as_secs());
                 match req {
                     Req::Info => {
                         recs[i].errors += 1;
