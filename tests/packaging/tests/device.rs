@@ -13,7 +13,7 @@ use fleet_packaging_tests::{build_package, deb, workspace_version, Arch, Role};
 
 const UNIT_TIMEOUT: Duration = Duration::from_secs(60);
 const UPDATER: &str = "/usr/lib/harmony-fleet/fleet-updater";
-const BOOTSTRAP: &str = "/usr/share/harmony-fleet/bootstrap/fleet-agent";
+const BOOTSTRAP: &str = "/usr/lib/harmony-fleet/bootstrap/fleet-agent";
 const LINK: &str = "/usr/local/bin/fleet-agent";
 
 fn versioned(version: &str) -> String {
