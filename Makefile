@@ -41,7 +41,7 @@ DESTDIR ?=
 PREFIX ?= /usr/local
 
 .PHONY: all help deps fresh-machine lint build test test-systemd test-unit demo bench bench-profiles clean \
-	release release-device device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
+	release release-device man device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
 
 all: build
 
@@ -161,18 +161,25 @@ release: release-device
 release-device:
 	$(CARGO) build --release --target $(DEVICE_TRIPLE) -p fleet-agent -p fleet-updater
 
+## man: the man pages, from the binaries' --help (host debug build), into target/man (scripts/man.sh).
+MAN_DIR := $(TARGET_DIR)/man
+export MAN_DIR
+man:
+	$(CARGO) build --bins -p fleet-agent -p fleet-updater -p fleetctl -p fleet-auth-callout
+	scripts/man.sh $(MAN_DIR) $(TARGET_DIR)/debug
+
 ## device-packages: only harmony-fleet (.deb and .rpm) for ARCH, without building fleetctl.
-device-packages: release-device
+device-packages: release-device man
 	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(DEVICE_BIN_DIR) scripts/package.sh deb device $(ARCH)
 	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(DEVICE_BIN_DIR) scripts/package.sh rpm device $(ARCH)
 
 ## deb: harmony-fleet (device) and harmony-fleetctl .deb for ARCH, in target/packages/.
-deb: release
+deb: release man
 	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(DEVICE_BIN_DIR) scripts/package.sh deb device $(ARCH)
 	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh deb fleetctl $(ARCH)
 
 ## rpm: the same two packages as .rpm for ARCH.
-rpm: release
+rpm: release man
 	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(DEVICE_BIN_DIR) scripts/package.sh rpm device $(ARCH)
 	OUT_DIR=$(TARGET_DIR)/packages BIN_DIR=$(BIN_DIR) scripts/package.sh rpm fleetctl $(ARCH)
 
@@ -187,14 +194,14 @@ packages-for-test: test-agents
 	for a in arm64 armhf; do $(MAKE) --no-print-directory device-packages ARCH=$$a || exit 1; done
 
 ## install: build, then the device files (fixed paths) and fleetctl (PREFIX) into DESTDIR; then run device setup.
-install: release install-files
+install: release man install-files
 
-## install-files: install without building (the release binaries of ARCH exist).
+## install-files: install without building (the release binaries of ARCH and target/man exist).
 install-files:
 	scripts/stage.sh device "$(DESTDIR)" $(DEVICE_BIN_DIR)
 	scripts/stage.sh fleetctl "$(DESTDIR)" $(BIN_DIR) $(PREFIX)
 	@if [ -z "$(DESTDIR)" ]; then \
-		echo "Now run device setup (as root): fleet-updater setup --agent-binary /usr/share/harmony-fleet/bootstrap/fleet-agent"; \
+		echo "Now run device setup (as root): fleet-updater setup --agent-binary /usr/lib/harmony-fleet/bootstrap/fleet-agent"; \
 	fi
 
 ## uninstall: remove what install put there (not state, installed agent versions or the active link).

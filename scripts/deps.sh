@@ -41,6 +41,10 @@ NEEDS=(
   dpkg-deb:dpkg
   fakeroot:fakeroot
   newuidmap:uidmap
+  lintian:lintian
+  rpmlint:rpmlint
+  man:man-db
+  /usr/share/bash-completion/bash_completion:bash-completion
 )
 # The Rust targets: the gnu ones for fleetctl and armhf, the musl ones for
 # the static amd64 and arm64 device daemons (armv7 musl is not served).
@@ -187,6 +191,16 @@ check "podman info (runtime runc)" "Debian packages podman, runc, conmon, netava
   podman --runtime runc info --format '{{.Host.OCIRuntime.Name}}'
 check "rpmbuild runs" "Debian package rpm" rpmbuild --version
 check "dpkg-deb runs" "Debian package dpkg" dpkg-deb --version
+# The package linters run on the packages (tests/packaging/tests/lint.rs).
+check "lintian runs" "Debian package lintian" lintian --version
+check "rpmlint runs" "Debian package rpmlint" rpmlint --version
+# man renders a page (tests/packaging/tests/man.rs compares pages with --help).
+printf '.TH T 1\n.SH NAME\nt \\- a test page\n' >"$work/t.1"
+check "man renders a page" "Debian packages man-db and groff-base" \
+  env MAN_DISABLE_SECCOMP=1 man -l "$work/t.1"
+# bash-completion loads a completion (tests/packaging/tests/completion.rs).
+check "bash-completion loads" "Debian package bash-completion" \
+  bash -c 'source /usr/share/bash-completion/bash_completion && declare -F __load_completion'
 
 if ((${#failed[@]})); then
   echo "deps: ${#failed[@]} check(s) failed; install or repair:" >&2

@@ -10,6 +10,7 @@
 #               device package of amd64 and arm64 takes the static musl ones)
 #   OUT_DIR     where the package goes (default: target/packages)
 #   MAINTAINER  the Maintainer / Packager field
+#   MAN_DIR     the man pages scripts/man.sh wrote (default target/man)
 #
 # Packages: harmony-fleet (device: updater, bootstrap agent, units, setup)
 # and harmony-fleetctl (operator CLI; never on a device).
@@ -94,12 +95,65 @@ for lib in $(readelf -d $elf_files | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | so
 	esac
 done
 
+# The Debian changelog of $package (packaging/changelog, kept for
+# harmony-fleet, renamed); a $version it has no entry for (a test or
+# development build) gets one on top, dated like the last commit.
+deb_changelog() {
+	local top
+	top=$(sed -n '1s/^[^ ]* (\([^)]*\)).*/\1/p' packaging/changelog)
+	if [[ $top != "$version" ]]; then
+		printf '%s (%s) unstable; urgency=medium\n\n  * Development build of %s.\n\n -- %s  %s\n\n' \
+			"$package" "$version" "$version" "$maintainer" \
+			"$(date -u -R -d "@${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}")"
+	fi
+	sed "s/^harmony-fleet (/$package (/" packaging/changelog
+}
+
+# The same as rpm's %changelog: "* DAY MON DD YYYY NAME <EMAIL> - VERSION-1",
+# then "- " items.
+rpm_changelog() {
+	deb_changelog | awk '
+		/^[^ ].*\(.*\)/ { v = $2; gsub(/[()]/, "", v); n = 0; next }
+		/^  \* / { sub(/^  \* /, "- "); items[++n] = $0; next }
+		/^    / { sub(/^    /, "  "); items[++n] = $0; next }
+		/^ -- / {
+			line = $0; sub(/^ -- /, "", line)
+			split(line, parts, "  ")
+			cmd = "date -u -d \"" parts[2] "\" \"+%a %b %d %Y\""
+			cmd | getline day; close(cmd)
+			if (out++) print ""
+			print "* " day " " parts[1] " - " v "-1"
+			for (i = 1; i <= n; i++) print items[i]
+		}'
+}
+
 build_deb() {
 	local deb_arch=$arch depends=""
 	[[ -n $glibc ]] && depends="libc6 (>= $glibc)$lib_depends"
 	[[ -z $glibc && -n $lib_depends ]] && { echo "package.sh: shared libraries but no glibc symbol version" >&2; exit 1; }
 	[[ $role == device ]] && depends+="${depends:+, }systemd (>= 247)"
 	[[ -n $depends ]] || { echo "package.sh: $package would depend on nothing" >&2; exit 1; }
+	# A native package (no Debian revision): changelog.gz, and the lintian
+	# overrides of packaging/deb (a reason each) for this architecture.
+	local doc=$stage/usr/share/doc/$package
+	deb_changelog | gzip -9n >"$doc/changelog.gz"
+	chmod 0644 "$doc/changelog.gz"
+	local overrides=packaging/deb/$package.lintian-overrides
+	if [[ -f $overrides ]]; then
+		# "[ARCH,...] " lines apply to those architectures only.
+		# An override keeps the comment above it: lintian shows it as the
+		# reason.
+		awk -v arch="$deb_arch" '
+			/^#/ { why = why $0 "\n"; next }
+			/^[[:space:]]*$/ { why = ""; next }
+			/^\[/ { split(substr($1, 2, length($1) - 2), a, ","); ok = 0
+				for (i in a) if (a[i] == arch) ok = 1
+				if (!ok) { why = ""; next }; sub(/^\[[^]]*\] /, "") }
+			{ printf "%s%s\n", why, $0; why = "" }' "$overrides" >"$work/overrides"
+		if [[ -s $work/overrides ]]; then
+			install -D -m 0644 "$work/overrides" "$stage/usr/share/lintian/overrides/$package"
+		fi
+	fi
 	mkdir -p "$stage/DEBIAN"
 	local size
 	size=$(du -sk --apparent-size --exclude=DEBIAN "$stage" | cut -f1)
@@ -124,6 +178,8 @@ build_deb() {
 	if [[ $role == device ]]; then
 		install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm "$stage/DEBIAN/"
 	fi
+	(cd "$stage" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | LC_ALL=C sort -z |
+		xargs -0r md5sum) >"$stage/DEBIAN/md5sums"
 	local out=$out_dir/${package}_${version}_${deb_arch}.deb
 	dpkg-deb --root-owner-group -Zxz --build "$stage" "$out" >/dev/null
 	echo "$out"
@@ -142,10 +198,13 @@ build_rpm() {
 	# The description may not go through a macro (multi-line); write it.
 	local desc=$work/description
 	printf '%s\n' "$description" >"$desc"
+	local changelog=$work/changelog
+	rpm_changelog >"$changelog"
 	rpmbuild --quiet -bb --target "$rpm_arch-linux" \
 		--define "_topdir $top" \
 		--define "fleet_summary $summary" \
 		--define "fleet_description_file $desc" \
+		--define "fleet_changelog_file $changelog" \
 		"$spec" >&2
 	local built
 	built=$(find "$top/RPMS" -name '*.rpm' -print -quit)

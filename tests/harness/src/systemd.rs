@@ -5,8 +5,9 @@
 //! host's loopback nats-server and HTTPS servers at 127.0.0.1.
 //!
 //! The image is built once per machine and cached: `debootstrap` of bookworm
-//! (minbase with systemd, dbus, ca-certificates and the rootless Podman
-//! stack) from the mirror apt uses here, a few files added, `podman import`.
+//! (minbase with systemd, dbus, ca-certificates, the rootless Podman
+//! stack, man-db and rpm) from the mirror apt uses here, a few files added,
+//! `podman import`.
 //! It lives in one shared Podman storage under [`cache_dir`] (not per test),
 //! its tag carries a hash of the recipe (a changed recipe builds a new image)
 //! and a file lock makes concurrent test processes build it once.
@@ -62,6 +63,10 @@ const INCLUDE: &[&str] = &[
     "procps",
     // A client for the local sockets (the updater's, the agent's).
     "socat",
+    // The packaging tests: `man fleetctl` after installing, and the .rpm
+    // installed by rpm itself (there is no RPM-based image offline).
+    "man-db",
+    "rpm",
 ];
 /// Files added to the rootfs before the import: (path, mode, content).
 const EXTRA_FILES: &[(&str, u32, &str)] = &[

@@ -18,7 +18,7 @@ use fleet_packaging_tests::{
 /// package upgrade can never delete a version the active link points at).
 const DEVICE_FILES: &[(&str, u32)] = &[
     ("/usr/lib/harmony-fleet/fleet-updater", 0o755),
-    ("/usr/share/harmony-fleet/bootstrap/fleet-agent", 0o755),
+    ("/usr/lib/harmony-fleet/bootstrap/fleet-agent", 0o755),
     ("/usr/lib/systemd/system/fleet-agent.service", 0o644),
     ("/usr/lib/systemd/system/fleet-updater.service", 0o644),
     ("/usr/lib/sysusers.d/harmony-fleet.conf", 0o644),
@@ -26,16 +26,33 @@ const DEVICE_FILES: &[(&str, u32)] = &[
     ("/usr/share/doc/harmony-fleet/README.md", 0o644),
     ("/usr/share/doc/harmony-fleet/REPAIR.md", 0o644),
     ("/usr/share/doc/harmony-fleet/copyright", 0o644),
+    ("/usr/share/man/man8/fleet-agent.8.gz", 0o644),
+    ("/usr/share/man/man8/fleet-updater.8.gz", 0o644),
 ];
+
+/// What only the .deb of the device package has besides: the Debian
+/// changelog of a native package.
+const DEB_DEVICE_FILES: &[(&str, u32)] = &[("/usr/share/doc/harmony-fleet/changelog.gz", 0o644)];
+
+/// And where its static daemons need them, lintian's overrides (a reason
+/// each, packaging/deb/harmony-fleet.lintian-overrides).
+const DEB_STATIC_DEVICE_FILES: &[(&str, u32)] =
+    &[("/usr/share/lintian/overrides/harmony-fleet", 0o644)];
 
 /// What postinst and %post run: device setup, never `--repair`.
 const SETUP_LINE: &str =
-    "/usr/lib/harmony-fleet/fleet-updater setup --agent-binary /usr/share/harmony-fleet/bootstrap/fleet-agent\n";
+    "/usr/lib/harmony-fleet/fleet-updater setup --agent-binary /usr/lib/harmony-fleet/bootstrap/fleet-agent\n";
 
 const FLEETCTL_FILES: &[(&str, u32)] = &[
     ("/usr/bin/fleetctl", 0o755),
     ("/usr/share/doc/harmony-fleetctl/copyright", 0o644),
+    ("/usr/share/man/man1/fleetctl.1.gz", 0o644),
+    ("/usr/share/bash-completion/completions/fleetctl", 0o644),
 ];
+
+/// The fleetctl .deb's changelog (rpm's is in the header).
+const DEB_FLEETCTL_FILES: &[(&str, u32)] =
+    &[("/usr/share/doc/harmony-fleetctl/changelog.gz", 0o644)];
 
 /// The device package's symlinks: path → target (relative, as Debian
 /// policy and rpmlint want them within /usr).
@@ -91,7 +108,18 @@ fn deb_device_packages_ship_exactly_the_device_layout() {
         let what = path.display().to_string();
         assert_eq!(
             files(&deb_entries(&path), &what),
-            expected(DEVICE_FILES),
+            expected(
+                &[
+                    DEVICE_FILES,
+                    DEB_DEVICE_FILES,
+                    if arch.static_daemons() {
+                        DEB_STATIC_DEVICE_FILES
+                    } else {
+                        &[]
+                    }
+                ]
+                .concat()
+            ),
             "{what}"
         );
         assert_eq!(deb_field(&path, "Package"), "harmony-fleet");
@@ -139,7 +167,7 @@ fn deb_maintainer_scripts_run_setup_and_stop_only_on_removal() {
         .split("remove | deconfigure)")
         .nth(1)
         .expect("remove arm");
-    assert!(remove_arm.contains("systemctl stop"), "{prerm}");
+    assert!(remove_arm.contains("deb-systemd-invoke stop"), "{prerm}");
     assert!(
         !prerm.contains("upgrade)"),
         "prerm must not stop on upgrade: {prerm}"
@@ -156,7 +184,7 @@ fn deb_binaries_are_built_for_their_architecture() {
         extract_deb(&path, dir.path());
         for bin in [
             "usr/lib/harmony-fleet/fleet-updater",
-            "usr/share/harmony-fleet/bootstrap/fleet-agent",
+            "usr/lib/harmony-fleet/bootstrap/fleet-agent",
         ] {
             let bytes = std::fs::read(dir.path().join(bin)).expect("binary");
             assert_eq!(&bytes[..4], b"\x7fELF", "{bin} of {arch:?} is not ELF");
@@ -178,7 +206,7 @@ fn device_daemons_are_static_where_musl_is_available() {
         extract_deb(&path, dir.path());
         for bin in [
             "usr/lib/harmony-fleet/fleet-updater",
-            "usr/share/harmony-fleet/bootstrap/fleet-agent",
+            "usr/lib/harmony-fleet/bootstrap/fleet-agent",
         ] {
             let file = dir.path().join(bin);
             let headers = run(Command::new(&readelf).arg("-lW").arg(&file));
@@ -207,7 +235,7 @@ fn fleetctl_is_a_package_of_its_own_and_never_on_the_device() {
     let d = deb(Role::Fleetctl, Arch::Amd64);
     assert_eq!(
         files(&deb_entries(&d), &d.display().to_string()),
-        expected(FLEETCTL_FILES)
+        expected(&[FLEETCTL_FILES, DEB_FLEETCTL_FILES].concat())
     );
     let r = rpm(Role::Fleetctl, Arch::Amd64);
     assert_eq!(

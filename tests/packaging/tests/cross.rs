@@ -15,10 +15,7 @@ fn every_architectures_binaries_print_their_version() {
         extract_deb(&deb(Role::Device, arch), dir.path());
         for (bin, name) in [
             ("usr/lib/harmony-fleet/fleet-updater", "fleet-updater"),
-            (
-                "usr/share/harmony-fleet/bootstrap/fleet-agent",
-                "fleet-agent",
-            ),
+            ("usr/lib/harmony-fleet/bootstrap/fleet-agent", "fleet-agent"),
         ] {
             let path = dir.path().join(bin);
             let mut cmd = match arch.emulator() {

@@ -13,7 +13,7 @@ use fleet_packaging_tests::{build_package, deb, workspace_version, Arch, Role};
 
 const UNIT_TIMEOUT: Duration = Duration::from_secs(60);
 const UPDATER: &str = "/usr/lib/harmony-fleet/fleet-updater";
-const BOOTSTRAP: &str = "/usr/share/harmony-fleet/bootstrap/fleet-agent";
+const BOOTSTRAP: &str = "/usr/lib/harmony-fleet/bootstrap/fleet-agent";
 const LINK: &str = "/usr/local/bin/fleet-agent";
 
 fn versioned(version: &str) -> String {
@@ -408,6 +408,14 @@ fn remove_keeps_the_device_state_and_purge_removes_it() {
 
     c.exec_ok(&["dpkg", "-r", "harmony-fleet"]);
     assert_eq!(c.active_state("fleet-updater.service"), "inactive");
+    // Disabled: prerm's deb-systemd-helper took back the links setup made.
+    for unit in ["fleet-agent.service", "fleet-updater.service"] {
+        let link = format!("/etc/systemd/system/multi-user.target.wants/{unit}");
+        assert!(
+            !c.exec(&["test", "-L", &link]).success(),
+            "{link} survived dpkg -r"
+        );
+    }
     for kept in [
         "/var/lib/harmony-fleet/agent/freeze.json",
         "/etc/harmony-fleet",

@@ -55,6 +55,13 @@ fn install_honours_destdir_and_prefix_and_uninstall_takes_it_back() {
     let mut want: Vec<(String, u32)> = [
         ("/opt/fleet/bin/fleetctl", 0o755),
         ("/opt/fleet/share/doc/harmony-fleetctl/copyright", 0o644),
+        ("/opt/fleet/share/man/man1/fleetctl.1.gz", 0o644),
+        (
+            "/opt/fleet/share/bash-completion/completions/fleetctl",
+            0o644,
+        ),
+        ("/usr/share/man/man8/fleet-agent.8.gz", 0o644),
+        ("/usr/share/man/man8/fleet-updater.8.gz", 0o644),
         ("/usr/lib/harmony-fleet/fleet-updater", 0o755),
         ("/usr/lib/sysusers.d/harmony-fleet.conf", 0o644),
         ("/usr/lib/systemd/system/fleet-agent.service", 0o644),
@@ -63,7 +70,7 @@ fn install_honours_destdir_and_prefix_and_uninstall_takes_it_back() {
         ("/usr/share/doc/harmony-fleet/README.md", 0o644),
         ("/usr/share/doc/harmony-fleet/REPAIR.md", 0o644),
         ("/usr/share/doc/harmony-fleet/copyright", 0o644),
-        ("/usr/share/harmony-fleet/bootstrap/fleet-agent", 0o755),
+        ("/usr/lib/harmony-fleet/bootstrap/fleet-agent", 0o755),
         ("/usr/sbin/fleet-updater", 0o777),
     ]
     .iter()
