@@ -125,6 +125,8 @@ test-systemd: build test-agents
 fuzz:
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p fleet-common --test prop_parsers
 	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p fleet-auth-callout --lib prop_tests
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p fleet-agent --bin fleet-agent prop_tests
+	PROPTEST_CASES=$${PROPTEST_CASES:-100000} $(CARGO) test --release -p fleet-updater --lib prop_tests
 
 ## fresh-machine: (root, ~15 min, not in test) make deps in a clean Debian 12 chroot with a fresh rustup, then ring built for every cross target.
 fresh-machine:

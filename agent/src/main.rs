@@ -19,6 +19,8 @@ mod notify;
 mod oauth;
 mod podman;
 mod probe;
+#[cfg(test)]
+mod prop_tests;
 mod reconciler;
 mod shutdown;
 mod startup;

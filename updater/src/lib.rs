@@ -29,6 +29,8 @@ mod freeze;
 mod journal;
 mod oci;
 mod probe;
+#[cfg(test)]
+mod prop_tests;
 mod reclaim;
 mod runas;
 mod seen;

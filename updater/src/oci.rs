@@ -721,7 +721,7 @@ fn body_message(e: &io::Error, declared: bool) -> String {
 
 /// A `Bearer` challenge (RFC 6750), as registries send it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Challenge {
+pub(crate) struct Challenge {
     realm: String,
     service: Option<String>,
     scope: Option<String>,
@@ -755,7 +755,7 @@ fn challenge_of(url: &str, response: &ureq::Response) -> Result<Challenge, OciEr
 }
 
 #[derive(Debug, PartialEq, Eq)]
-enum ChallengeError {
+pub(crate) enum ChallengeError {
     /// Another scheme (Basic, ...): its name.
     Scheme(String),
     Malformed(&'static str),
@@ -763,7 +763,7 @@ enum ChallengeError {
 
 /// Parses `Bearer realm="..",service="..",scope=".."` (parameters as
 /// tokens or quoted strings, in any order, unknown ones ignored).
-fn parse_bearer(header: &str) -> Result<Challenge, ChallengeError> {
+pub(crate) fn parse_bearer(header: &str) -> Result<Challenge, ChallengeError> {
     let header = header.trim();
     let (scheme, mut rest) = header.split_once([' ', '\t']).unwrap_or((header, ""));
     if !scheme.eq_ignore_ascii_case("bearer") {

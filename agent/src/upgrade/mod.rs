@@ -26,7 +26,7 @@
 //! worker publishes `stopping` with reason `updater` and the drain
 //! duration, acknowledged ([`UpgradeHandle::begin_stop`]).
 
-mod intent;
+pub(crate) mod intent;
 mod seen;
 mod updater;
 mod worker;
