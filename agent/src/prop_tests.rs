@@ -6,18 +6,15 @@
 //! bytes are refused. 64 cases each; `make fuzz` sets `PROPTEST_CASES`.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use fleet_common::validate::{Arch, DeviceId};
+use fleet_harness::fuzz::{bounded, cases, mutated};
 use proptest::collection::vec;
 use proptest::prelude::*;
 
 use crate::config::Config;
 use crate::desired::{decode_value, expand_document};
 use crate::upgrade::intent;
-
-/// Longest one parse may take in a debug build on a loaded machine.
-const PARSE_BOUND: Duration = Duration::from_secs(2);
 
 const CONFIG: &str = r#"{"device-id":"truck-0042","nats":{"servers":["nats://127.0.0.1:4222"],"auth":{"method":"none"}},"podman":{"enabled":false},"intervals":{"heartbeat-secs":30,"resync-secs":30,"check-secs":300},"root":"/"}"#;
 const DOCUMENT: &str = r#"{"workloads":{"web":{"image":"localhost/web:1","command":["sleep","1"],"env":{"A":"b"},"ports":[{"host":8080,"container":80}]},"bad":{"image":""}}}"#;
@@ -26,40 +23,6 @@ const TOKENS: &[&str] = &[
     "\"", "{", "}", "[", "]", ",", ":", "null", "-1", "1e999", "\\u0000", "\u{ff11}", "/..", "*",
     ">",
 ];
-
-/// A sample with mutations applied: (position, kind, byte or token).
-fn mutated(sample: &'static str) -> impl Strategy<Value = Vec<u8>> {
-    vec((any::<usize>(), 0u8..4, any::<u8>()), 1..6).prop_map(move |edits| {
-        let mut b = sample.as_bytes().to_vec();
-        for (at, kind, x) in edits {
-            let at = at % (b.len() + 1);
-            match kind {
-                0 if at < b.len() => b[at] = x,
-                1 => {
-                    let t = TOKENS[usize::from(x) % TOKENS.len()].as_bytes();
-                    b.splice(at..at, t.iter().copied());
-                }
-                2 => b.truncate(at),
-                _ if at < b.len() => {
-                    b.remove(at);
-                }
-                _ => {}
-            }
-        }
-        b
-    })
-}
-
-fn bounded<T>(what: &str, f: impl FnOnce() -> T) -> T {
-    let started = Instant::now();
-    let out = f();
-    assert!(
-        started.elapsed() < PARSE_BOUND,
-        "{what} took {:?}",
-        started.elapsed()
-    );
-    out
-}
 
 fn config(bytes: &[u8]) -> bool {
     bounded("config", || {
@@ -91,9 +54,7 @@ fn the_samples_are_valid() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(
-        std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(64)
-    ))]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
     fn random_bytes_are_refused(bytes in vec(any::<u8>(), 0..2048)) {
@@ -103,17 +64,17 @@ proptest! {
     }
 
     #[test]
-    fn a_mutated_config_never_panics(bytes in mutated(CONFIG)) {
+    fn a_mutated_config_never_panics(bytes in mutated(CONFIG, TOKENS)) {
         config(&bytes);
     }
 
     #[test]
-    fn a_mutated_document_never_panics(bytes in mutated(DOCUMENT)) {
+    fn a_mutated_document_never_panics(bytes in mutated(DOCUMENT, TOKENS)) {
         document(&bytes);
     }
 
     #[test]
-    fn a_mutated_intent_never_panics(bytes in mutated(INTENT)) {
+    fn a_mutated_intent_never_panics(bytes in mutated(INTENT, TOKENS)) {
         intent(&bytes);
     }
 }

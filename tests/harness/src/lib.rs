@@ -14,6 +14,7 @@ mod builds;
 mod callout;
 pub mod desired;
 mod device;
+pub mod fuzz;
 mod https;
 mod idp;
 mod isolation;
