@@ -7,6 +7,12 @@
 //! Baseline, same run: the seeding itself, N plain admin KV puts published
 //! back to back and acknowledged (`rollout` reads N keys and writes N
 //! compare-and-set puts, so it cannot beat that floor by much).
+//!
+//! Then a staged rollout of another release over N devices seeded the same
+//! way on a server of their own (`--batches 1%,100% --success-threshold 0% --batch-timeout 2s`): the
+//! seeded devices never answer, so each batch waits out its 2 s; what is
+//! left is the staged rollout's bookkeeping (state in NATS, batches,
+//! intents by compare-and-set, the status of every device followed).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,6 +28,86 @@ const FROM_VERSION: &str = "0.9.0";
 const TO_VERSION: &str = "1.0.0";
 /// A rollout of 10,000 devices that has not ended by then is broken.
 const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The staged rollout's batches and how long each waits for answers.
+const STAGED_BATCHES: &str = "1%,100%";
+const STAGED_BATCH_TIMEOUT: Duration = Duration::from_secs(2);
+const STAGED_VERSION: &str = "1.1.0";
+
+/// `<device>.heartbeat` of a seeded device (a live device for the staged
+/// rollout's disruption accounting).
+fn heartbeat() -> Vec<u8> {
+    serde_json::json!({
+        "at": fleet_common::Timestamp::now(),
+        "uptime-secs": 100,
+        "agent-version": FROM_VERSION,
+        "config-state": {"state": "configured", "waiting-changes": 0, "intent-waiting": false}
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// A release file of `version`.
+fn write_release(path: &std::path::Path, version: &str) {
+    std::fs::write(
+        path,
+        serde_json::json!({
+            "version": version,
+            "artifacts": {"x86_64": {
+                "artifact-url": format!("https://releases.example.com/fleet-agent/{version}/x86_64"),
+                "sha256": "5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef",
+                "max-bytes": 20971520
+            }}
+        })
+        .to_string(),
+    )
+    .unwrap_or_else(|e| panic!("writing the release: {e}"));
+}
+
+/// Runs `fleetctl ARGS` against `server` as admin; its output and how long
+/// it took.
+fn fleetctl(
+    server: &NatsServer,
+    password: &std::path::Path,
+    args: &[&str],
+) -> (std::process::Output, Duration) {
+    let started = Instant::now();
+    let child = Command::new(release_bin("fleetctl"))
+        .args(args)
+        .args(["--server", &server.url(), "--password-file"])
+        .arg(password)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning fleetctl {args:?}: {e}"));
+    let pid = child.id();
+    let out = wait_output(child, ROLLOUT_TIMEOUT).unwrap_or_else(|| {
+        panic!("fleetctl {args:?} (pid {pid}) still running after {ROLLOUT_TIMEOUT:?}")
+    });
+    (out, started.elapsed())
+}
+
+/// Seeds `n` devices' info (timed: the baseline) and heartbeats.
+fn seed(admin: &nats::Connection, n: usize) -> Duration {
+    let puts: Vec<(String, Vec<u8>)> = (1..=n)
+        .map(|i| {
+            let id = format!("dev-{i:05}");
+            (format!("$KV.fleet-status.{id}.info"), info(&id))
+        })
+        .collect();
+    let ((_, seeded), _) = pipelined_puts(admin, &puts);
+    let beats: Vec<(String, Vec<u8>)> = (1..=n)
+        .map(|i| {
+            (
+                format!("$KV.fleet-status.dev-{i:05}.heartbeat"),
+                heartbeat(),
+            )
+        })
+        .collect();
+    pipelined_puts(admin, &beats);
+    seeded
+}
 
 /// `<device>.info` of a seeded device.
 fn info(id: &str) -> Vec<u8> {
@@ -48,49 +134,15 @@ pub fn rollout_rows(n: usize) -> Vec<Row> {
         .prefix("fleet-bench-rollout-")
         .tempdir()
         .unwrap_or_else(|e| panic!("tempdir: {e}"));
-    let puts: Vec<(String, Vec<u8>)> = (1..=n)
-        .map(|i| {
-            let id = format!("dev-{i:05}");
-            (format!("$KV.fleet-status.{id}.info"), info(&id))
-        })
-        .collect();
-    let ((_, seeded), _) = pipelined_puts(&admin, &puts);
+    let seeded = seed(&admin, n);
 
     let release = dir.path().join("release.json");
     let password = dir.path().join("admin-password");
-    std::fs::write(
-        &release,
-        serde_json::json!({
-            "version": TO_VERSION,
-            "artifacts": {"x86_64": {
-                "artifact-url": "https://releases.example.com/fleet-agent/1.0.0/x86_64",
-                "sha256": "5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef",
-                "max-bytes": 20971520
-            }}
-        })
-        .to_string(),
-    )
-    .unwrap_or_else(|e| panic!("writing the release: {e}"));
+    write_release(&release, TO_VERSION);
     std::fs::write(&password, format!("{NATS_ADMIN_PASSWORD}\n"))
         .unwrap_or_else(|e| panic!("writing the password file: {e}"));
-
-    let started = Instant::now();
-    let child = Command::new(release_bin("fleetctl"))
-        .arg("rollout")
-        .arg("--release")
-        .arg(&release)
-        .args(["--server", &server.url(), "--password-file"])
-        .arg(&password)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning fleetctl rollout: {e}"));
-    let pid = child.id();
-    let out = wait_output(child, ROLLOUT_TIMEOUT).unwrap_or_else(|| {
-        panic!("fleetctl rollout (pid {pid}) still running after {ROLLOUT_TIMEOUT:?}")
-    });
-    let took = started.elapsed();
+    let release_arg = release.to_str().expect("a temp path is UTF-8");
+    let (out, took) = fleetctl(&server, &password, &["rollout", "--release", release_arg]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines = out.stdout.iter().filter(|b| **b == b'\n').count();
     assert!(
@@ -113,7 +165,64 @@ pub fn rollout_rows(n: usize) -> Vec<Row> {
         )
         .note(format!(
             "Release fleetctl against one nats-server 2.9 on loopback: reads every device's info, upgrade status and intent, plans, writes {n} compare-and-set intents pipelined, prints one line per device; wall time from spawn to exit, summary checked. Baseline: the {n} `info` puts that seeded the fleet, pipelined."
-        ))]
+        )),
+        staged_row(&password, &dir, n)]
+}
+
+/// A staged rollout of [`STAGED_VERSION`] over `n` devices seeded afresh
+/// on a server of its own: its wall time less the batches' timeouts
+/// (nobody answers) is its bookkeeping.
+fn staged_row(password: &std::path::Path, dir: &tempfile::TempDir, n: usize) -> Row {
+    let own = NatsServer::start_fleet(NatsVersion::V2_9, &[]);
+    let seeded = seed(&own.admin(), n);
+    let server = &own;
+    let release = dir.path().join("release-staged.json");
+    write_release(&release, STAGED_VERSION);
+    let timeout = format!("{}s", STAGED_BATCH_TIMEOUT.as_secs());
+    let (out, took) = fleetctl(
+        server,
+        password,
+        &[
+            "rollout",
+            "--release",
+            release.to_str().expect("a temp path is UTF-8"),
+            "--batches",
+            STAGED_BATCHES,
+            "--success-threshold",
+            "0%",
+            "--batch-timeout",
+            &timeout,
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let batches = STAGED_BATCHES.split(',').count();
+    assert!(
+        out.status.success()
+            && stdout.contains(&format!("batch {batches}/{batches} ended"))
+            && stdout.matches(": issued attempt ").count() == n,
+        "the staged rollout over {n} devices did not issue every intent ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let waited = STAGED_BATCH_TIMEOUT * u32::try_from(batches).unwrap_or(u32::MAX);
+    let bookkeeping = took.saturating_sub(waited);
+    Row::new(format!("staged rollout over {n} devices, bookkeeping"))
+        .ours(format!(
+            "{:.2} s ({:.2} s less {} × {} s batch timeouts)",
+            bookkeeping.as_secs_f64(),
+            took.as_secs_f64(),
+            batches,
+            STAGED_BATCH_TIMEOUT.as_secs()
+        ))
+        .baseline(format!("{:.2} s ({n} plain admin KV puts)", seeded.as_secs_f64()))
+        .ratio(format!(
+            "{:.1}×",
+            bookkeeping.as_secs_f64() / seeded.as_secs_f64()
+        ))
+        .target("—", Verdict::Info)
+        .note(format!(
+            "`fleetctl rollout --batches {STAGED_BATCHES} --success-threshold 0% --batch-timeout {timeout}` of {STAGED_VERSION} over {n} devices seeded the same way on a server of their own, which never answer: every intent issued by compare-and-set in its batch, the rollout's state kept in NATS, each batch waited out; the figure is the wall time less the batches' timeouts."
+        ))
 }
 
 /// Waits for `child` to exit within `timeout`, reading its output on two
