@@ -144,7 +144,7 @@ BENCH_NEXT_VERSION := 0.2.0-bench
 # The daemons measured against the targets are the amd64 package's (static
 # musl, DEVICE_TRIPLE_amd64); the glibc release build of the workspace is
 # measured beside them.
-bench: deps
+bench: deps man
 	$(CARGO) build --release --workspace --bins
 	$(MAKE) --no-print-directory release-device ARCH=amd64
 	FLEET_AGENT_VERSION=$(BENCH_NEXT_VERSION) $(CARGO) build --release -p fleet-agent --target $(DEVICE_TRIPLE_amd64) --target-dir $(TARGET_DIR)/bench-next
