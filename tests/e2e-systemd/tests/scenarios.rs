@@ -191,7 +191,8 @@ fn a_candidate_that_fails_its_probe_never_stops_the_running_agent() {
     let seen = fleet.wait_phase_seen(&d.id, uuid, "failed (probe)", SETTLE);
     assert_in_order(&seen, &["preparing (accepted)", "failed (probe)"]);
     assert!(!seen.iter().any(|p| p.starts_with("stopping")), "{seen:?}");
-    // Installed, and kept (versions are never collected).
+    // Installed, and kept (unused versions go only when a write finds the
+    // disk full).
     d.c.exec_ok(&["test", "-x", &d.versioned(&stand_in.version)]);
 }
 

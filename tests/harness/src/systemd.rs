@@ -1103,6 +1103,34 @@ mod tests {
     }
 
     #[test]
+    fn a_small_state_fs_is_small_and_unmounted_on_drop_as_is_an_orphan() {
+        let fs = HostTmpfs::mount(64);
+        let dir = fs.dir.clone();
+        assert!(crate::podman::mounts_under(&dir).contains(&dir));
+        let full = std::fs::write(dir.join("filler"), vec![0u8; 128 * 1024])
+            .expect_err("128 KiB do not fit in 64");
+        assert_eq!(full.raw_os_error(), Some(28), "{full}");
+        drop(fs);
+        assert!(!dir.exists());
+        assert!(!crate::podman::mounts_under(&dir).contains(&dir));
+
+        // Left by a test process that is gone (its owner never was).
+        let orphan = Path::new(STATE_FS_DIR).join(format!("0-0-{}", std::process::id()));
+        create_dir_all(&orphan);
+        rustix::mount::mount(
+            "fleet-state",
+            &orphan,
+            "tmpfs",
+            rustix::mount::MountFlags::empty(),
+            None,
+        )
+        .expect("mount");
+        HostTmpfs::remove_orphans();
+        assert!(!orphan.exists());
+        assert!(!crate::podman::mounts_under(&orphan).contains(&orphan));
+    }
+
+    #[test]
     fn this_process_owns_and_a_gone_one_does_not() {
         assert!(owner_alive(&owner_id()));
         assert!(!owner_alive("0:0"));
