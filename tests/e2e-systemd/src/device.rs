@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{Journal, JournalPhase};
 use fleet_harness::{
-    poll_until, test_updater_path, workspace_version, AgentSettings, SystemdContainer,
+    poll_until, test_updater_path, workspace_version, AgentSettings, BootOptions, SystemdContainer,
 };
 use fleet_updater::{Fault, FaultAction, FaultPoint, FAULT_ENV};
 
@@ -63,7 +63,13 @@ impl Device {
     /// Boots a container and makes it a device of `fleet` (see the module
     /// doc); returns once its agent runs and reports in NATS.
     pub fn install(fleet: &Fleet, id: &str, podman: bool) -> Device {
-        let c = SystemdContainer::boot();
+        Self::install_with(fleet, id, podman, BootOptions::default())
+    }
+
+    /// [`install`](Self::install) on a container booted with `options`
+    /// (a small `/var/lib/harmony-fleet`): the package is installed onto it.
+    pub fn install_with(fleet: &Fleet, id: &str, podman: bool, options: BootOptions) -> Device {
+        let c = SystemdContainer::boot_with(options);
         c.install_device();
         // The fault-injection updater, renamed into place (the package's
         // runs: its file is busy).

@@ -15,6 +15,7 @@
 //! | NATS unreachable after the cutover | the real agent | its start times out → rollback → `failed`, the truth in NATS once it is back |
 //! | corrupt journal | — | the updater refuses to start and says why; the agent keeps running; repaired by hand |
 //! | `rollback-failed` | crashes, and the previous binary is removed | quarantine, refusals, `setup --repair`, then an upgrade completes |
+//! | full disk mid-upgrade, power cycle | the real agent; `/var/lib/harmony-fleet` (a small tmpfs) filled while the updater is held before it starts it | the commit is not recorded and rolled back; after the power loss, on the still-full disk, the previous agent runs, the updater retries the journal without crash-looping and says `not recorded` (NATS too); once space is freed: `failed (interrupted)` on disk and in NATS, never `complete` |
 //! | mixed fleet | the released agent 0.1.0 (a consumer per device), then this agent | 0.1.0 runs and follows `fleetctl workload` on today's server config; the upgrade from it completes and this agent reads the same desired state without a consumer |
 
 use std::time::{Duration, Instant};
@@ -30,7 +31,10 @@ use fleet_e2e_systemd::{
     assert_in_order, Device, Fleet, Run, SelfTest, StandIn, AGENT_START_TIMEOUT_SECS, AGENT_UNIT,
     BOOTSTRAP, CRASHED_ONCE_MARKER, JOURNAL, LINK, SETTLE, UPDATER_UNIT, UPGRADE_TEST_VERSION,
 };
-use fleet_harness::{poll_until, test_agent_path, NatsVersion, Registry, RELEASED_AGENT_VERSION};
+use fleet_harness::{
+    poll_until, test_agent_path, BootOptions, NatsVersion, Registry, RELEASED_AGENT_VERSION,
+    STATE_DIR,
+};
 use fleet_updater::FaultPoint;
 
 fn next_agent() -> Vec<u8> {
@@ -187,7 +191,8 @@ fn a_candidate_that_fails_its_probe_never_stops_the_running_agent() {
     let seen = fleet.wait_phase_seen(&d.id, uuid, "failed (probe)", SETTLE);
     assert_in_order(&seen, &["preparing (accepted)", "failed (probe)"]);
     assert!(!seen.iter().any(|p| p.starts_with("stopping")), "{seen:?}");
-    // Installed, and kept (versions are never collected).
+    // Installed, and kept (unused versions go only when a write finds the
+    // disk full).
     d.c.exec_ok(&["test", "-x", &d.versioned(&stand_in.version)]);
 }
 
@@ -341,6 +346,199 @@ fn nats_unreachable_right_after_the_cutover_rolls_back_and_nats_then_tells_the_t
             "failed (start-failed)",
         ],
     );
+}
+
+/// Size of the small `/var/lib/harmony-fleet` of the full-disk scenario:
+/// the journal and the agent's state (a few KiB) fit with room to spare,
+/// and filling it takes no time.
+const SMALL_STATE_FS_KIB: u64 = 4096;
+
+/// `text` says a phase is not recorded for want of space.
+fn says_not_recorded(text: &str) -> bool {
+    text.contains("not recorded: ") && text.contains("No space left on device")
+}
+
+#[test]
+fn a_disk_filled_mid_upgrade_and_a_power_cycle_end_on_the_previous_agent_and_the_truth_in_nats() {
+    let fleet = Fleet::start(NatsVersion::V2_14, &["fulldisk1"]);
+    let d = Device::install_with(
+        &fleet,
+        "fulldisk1",
+        false,
+        BootOptions {
+            small_state_fs_kib: Some(SMALL_STATE_FS_KIB),
+        },
+    );
+    // The journal and the agent's state are on the small filesystem.
+    let df = d.c.exec_ok(&[
+        "df",
+        "--output=target,size",
+        "/var/lib/harmony-fleet/updater",
+        "/var/lib/harmony-fleet/agent",
+    ]);
+    assert_eq!(
+        df.lines()
+            .skip(1)
+            .filter(|l| l.starts_with(STATE_DIR))
+            .count(),
+        2,
+        "{df}"
+    );
+    // And the package's tmpfiles.d gave them their owners on it.
+    assert_eq!(
+        d.c.exec_ok(&[
+            "stat",
+            "-c",
+            "%U %a",
+            "/var/lib/harmony-fleet/updater",
+            "/var/lib/harmony-fleet/agent",
+        ]),
+        "root 700\nfleet-agent 750\n"
+    );
+    let previous = d.versioned(&d.bootstrap);
+    let release = fleet.release_https(UPGRADE_TEST_VERSION, next_agent());
+
+    // Held right before it starts the new agent: journal `activating`,
+    // the link on the target, the old agent stopped. The disk fills there.
+    d.arm(FaultPoint::BeforeStartTarget);
+    let uuid = fleet.upgrade(&d.id, &release);
+    let pid = d.wait_stopped_at_fault(FaultPoint::BeforeStartTarget, SETTLE);
+    d.disarm();
+    assert_eq!(d.link(), d.versioned(UPGRADE_TEST_VERSION));
+    assert_eq!(d.journal_phase(), Some(JournalPhase::Activating));
+    let on_disk = d.read_bytes(JOURNAL);
+    let filler = format!("{STATE_DIR}/e2e-filler");
+    let fill =
+        d.c.exec(&["dd", "if=/dev/zero", &format!("of={filler}"), "bs=64k"]);
+    assert!(
+        !fill.success() && fill.stderr.contains("No space left on device"),
+        "{fill:?}"
+    );
+    let avail = d.c.exec_ok(&["df", "--output=avail", "-B1", STATE_DIR]);
+    assert_eq!(avail.lines().nth(1).map(str::trim), Some("0"), "{avail}");
+
+    // The new agent starts, but `committed` cannot be written: rolled
+    // back, the rollback's phases not recorded either; the updater keeps
+    // writing again and says why.
+    d.c.exec_ok(&["kill", "-CONT", &pid.to_string()]);
+    poll_until(
+        "the updater to retry its journal on the full disk",
+        SETTLE,
+        || {
+            let log = d.c.journal(UPDATER_UNIT);
+            log.contains("is not recorded (").then_some(())
+        },
+    );
+    assert_eq!(
+        d.read_bytes(JOURNAL),
+        on_disk,
+        "the journal changed on a full disk"
+    );
+    let status = d.updater_status();
+    assert_eq!(status["phase"], "stopping", "{status:#}");
+    assert!(
+        says_not_recorded(status["error"].as_str().unwrap_or_default()),
+        "{status:#}"
+    );
+
+    // Power loss with the disk still full.
+    let restarts_before = d.show(UPDATER_UNIT, "NRestarts");
+    let marker = d.c.host_path("/run/e2e-before-power-loss");
+    std::fs::write(&marker, b"").expect("the marker");
+    d.c.power_cycle();
+    assert!(
+        !d.c.host_path("/run/e2e-before-power-loss").exists(),
+        "the device did not boot again"
+    );
+    assert!(
+        d.c.host_path(&filler).exists(),
+        "the small disk did not outlive the power cycle"
+    );
+    assert_eq!(d.read_bytes(JOURNAL), on_disk);
+
+    // Still full: the previous agent is selected and runs, alone; the
+    // updater stays up, retrying with backoff (two tries: up for 3 s and
+    // more), never restarted by systemd.
+    d.c.wait_active(UPDATER_UNIT, SETTLE);
+    let updater = d.show(UPDATER_UNIT, "MainPID");
+    poll_until(
+        &format!("updater {updater} to retry twice after the boot"),
+        SETTLE,
+        || {
+            let log = d.c.exec_ok(&[
+                "journalctl",
+                "--no-pager",
+                "-o",
+                "cat",
+                &format!("_PID={updater}"),
+            ]);
+            (log.matches("is not recorded (").count() >= 2).then_some(())
+        },
+    );
+    assert_eq!(d.c.active_state(UPDATER_UNIT), "active");
+    assert_eq!(d.show(UPDATER_UNIT, "MainPID"), updater);
+    assert_eq!(
+        d.show(UPDATER_UNIT, "NRestarts"),
+        "0",
+        "was {restarts_before} before the power loss"
+    );
+    assert_eq!(d.link(), previous);
+    d.wait_agent(&d.bootstrap, SETTLE);
+    let agents = d.agent_processes();
+    assert_eq!(agents.len(), 1, "one agent process: {agents:?}");
+    assert_eq!(d.journal_phase(), Some(JournalPhase::Activating));
+    let status = d.updater_status();
+    assert_eq!(status["phase"], "stopping", "{status:#}");
+    assert!(
+        says_not_recorded(status["error"].as_str().unwrap_or_default()),
+        "{status:#}"
+    );
+    let log = d.c.journal(UPDATER_UNIT);
+    assert!(log.contains("journal phase at start: activating"), "{log}");
+    // NATS says the same: the attempt is not over, and why.
+    let nats = fleet.wait_upgrade(&d.id, uuid, "not recorded", SETTLE, |s| {
+        s.error
+            .as_ref()
+            .is_some_and(|e| says_not_recorded(e.as_ref()))
+    });
+    assert_eq!(nats.phase, UpgradePhase::Stopping, "{nats:#?}");
+    fleet.wait_reporting(&d.id, &d.bootstrap, SETTLE);
+
+    // Space freed: the journal is written within the backoff, the
+    // attempt ends as the recovery table says, and NATS follows.
+    d.c.exec_ok(&["rm", "-f", &filler]);
+    let freed = Instant::now();
+    let status = assert_settled(
+        &fleet,
+        &d,
+        uuid,
+        (JournalPhase::Failed, UpgradeReason::Interrupted),
+        &d.bootstrap,
+    );
+    eprintln!(
+        "full disk: journal and NATS settled {:.1?} after space was freed",
+        freed.elapsed()
+    );
+    assert!(status.error.is_some_and(|e| !says_not_recorded(e.as_ref())));
+    let tx = d
+        .journal()
+        .and_then(|j| j.transaction)
+        .expect("a transaction");
+    assert!(
+        !tx.transitions
+            .iter()
+            .any(|t| t.phase == JournalPhase::Committed),
+        "{tx:#?}"
+    );
+    let log = d.c.journal(UPDATER_UNIT);
+    assert!(log.contains("recorded after"), "{log}");
+    assert_eq!(
+        d.c.exec_ok(&["systemctl", "is-active", AGENT_UNIT]).trim(),
+        "active"
+    );
+    // Nothing ever told NATS the upgrade completed.
+    let seen = fleet.wait_phase_seen(&d.id, uuid, "failed (interrupted)", SETTLE);
+    assert!(!seen.iter().any(|p| p.starts_with("complete")), "{seen:?}");
 }
 
 #[test]

@@ -50,8 +50,8 @@ pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
 pub use registry::{FrontAuth, Registry, RegistryFront, FRONT_SERVICE};
 pub use systemd::{
-    apt_mirror, cache_dir, AgentSettings, ExecOutput, SystemdContainer, EXEC_TIMEOUT,
-    SYSTEMD_IMAGE_REPO,
+    apt_mirror, cache_dir, AgentSettings, BootOptions, ExecOutput, SystemdContainer, EXEC_TIMEOUT,
+    STATE_DIR, SYSTEMD_IMAGE_REPO,
 };
 
 /// How often [`poll_until`] checks its condition.

@@ -20,6 +20,13 @@
 //! then a boot with the same disk. The container shares the host's kernel and
 //! page cache, so writes that were not fsynced survive it: it proves
 //! recovery from an interrupted process tree, not from lost page cache.
+//!
+//! A full disk is [`BootOptions::small_state_fs_kib`]: `/var/lib/harmony-fleet`
+//! on a small tmpfs the harness mounts on the host (under `/run/fleet-test`)
+//! and bind-mounts into the container, so it outlives a power cycle as a
+//! disk does (a tmpfs inside the container would not). It is unmounted when
+//! the container is dropped, and, like containers, when its owning test
+//! process is gone.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -288,6 +295,8 @@ impl SharedPodman {
                 let _ = self.try_run(&["rm", "-f", "-t", "0", name], PODMAN_TIMEOUT);
             }
         }
+        // Their small state filesystems, once no container uses them.
+        HostTmpfs::remove_orphans();
     }
 
     /// Builds the image unless it exists; one process at a time.
@@ -493,10 +502,105 @@ fn recipe_hash() -> String {
     d.iter().take(6).map(|b| format!("{b:02x}")).collect()
 }
 
+/// How [`SystemdContainer::boot_with`] sets up the device's disk.
+#[derive(Debug, Clone, Default)]
+pub struct BootOptions {
+    /// `/var/lib/harmony-fleet` (the updater journal, the agent's state and
+    /// home) on a tmpfs of this many KiB of the host, bind-mounted into the
+    /// container: a small filesystem a test can fill, kept across
+    /// [`SystemdContainer::power_cycle`]. Needs root (CAP_SYS_ADMIN).
+    pub small_state_fs_kib: Option<u64>,
+}
+
+/// The device's state directory, the one [`BootOptions::small_state_fs_kib`] replaces.
+pub const STATE_DIR: &str = "/var/lib/harmony-fleet";
+/// Where the host-side filesystems of [`BootOptions`] are mounted, one
+/// directory `<owner pid>-<owner start time>-<n>` each.
+const STATE_FS_DIR: &str = "/run/fleet-test/state-fs";
+
+/// A tmpfs mounted on a host directory for one container; unmounted and
+/// its directory removed on drop (after the container is gone).
+#[derive(Debug)]
+struct HostTmpfs {
+    dir: PathBuf,
+}
+
+impl HostTmpfs {
+    fn mount(kib: u64) -> HostTmpfs {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        // No ':' in the name: podman's -v splits on it.
+        let dir = Path::new(STATE_FS_DIR).join(format!(
+            "{}-{}",
+            owner_id().replace(':', "-"),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        create_dir_all(&dir);
+        // From here a panic unmounts (if mounted) and removes the directory.
+        let fs = HostTmpfs { dir };
+        let data = std::ffi::CString::new(format!("size={kib}k,mode=0755"))
+            .unwrap_or_else(|e| panic!("tmpfs options: {e}"));
+        rustix::mount::mount(
+            "fleet-state",
+            &fs.dir,
+            "tmpfs",
+            rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+            data.as_c_str(),
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot mount a {kib} KiB tmpfs on {}: {e} (the test needs root with CAP_SYS_ADMIN)",
+                fs.dir.display()
+            )
+        });
+        fs
+    }
+
+    /// Unmounts `dir` (detached when busy) and removes it; what fails is
+    /// said, not fatal.
+    fn remove(dir: &Path) {
+        if crate::podman::mounts_under(dir).iter().any(|m| m == dir) {
+            if let Err(e) = rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH) {
+                eprintln!("harness: cannot unmount {}: {e}", dir.display());
+            }
+        }
+        if let Err(e) = std::fs::remove_dir(dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!("harness: cannot remove {}: {e}", dir.display());
+            }
+        }
+    }
+
+    /// Unmounts the filesystems whose owning test process is gone.
+    fn remove_orphans() {
+        let Ok(entries) = std::fs::read_dir(STATE_FS_DIR) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let mut parts = name.splitn(3, '-');
+            let owner = match (parts.next(), parts.next()) {
+                (Some(pid), Some(start)) => format!("{pid}:{start}"),
+                _ => continue,
+            };
+            if !owner_alive(&owner) {
+                Self::remove(&e.path());
+            }
+        }
+    }
+}
+
+impl Drop for HostTmpfs {
+    fn drop(&mut self) {
+        Self::remove(&self.dir);
+    }
+}
+
 /// A booted systemd container, removed on drop. See the module doc.
 #[derive(Debug)]
 pub struct SystemdContainer {
     name: String,
+    /// Dropped after the container is removed (fields drop after `drop`).
+    state_fs: Option<HostTmpfs>,
 }
 
 impl SystemdContainer {
@@ -504,31 +608,44 @@ impl SystemdContainer {
     /// use on this machine) and waits until systemd reports `running` or
     /// `degraded`.
     pub fn boot() -> SystemdContainer {
+        Self::boot_with(BootOptions::default())
+    }
+
+    /// [`boot`](Self::boot) with `options` (a small state filesystem).
+    pub fn boot_with(options: BootOptions) -> SystemdContainer {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let podman = SharedPodman::get();
+        let state_fs = options.small_state_fs_kib.map(HostTmpfs::mount);
+        let volume = state_fs
+            .as_ref()
+            .map(|fs| format!("{}:{STATE_DIR}", fs.dir.display()));
         let name = format!(
             "fleet-sd-{}-{}",
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
         let owner = owner_id();
-        podman.run(&[
+        let label = format!("{OWNER_LABEL}={owner}");
+        let mut args = vec![
             "run",
             "-d",
             "--name",
             &name,
             "--label",
-            &format!("{OWNER_LABEL}={owner}"),
+            &label,
             "--privileged",
             "--systemd=always",
             "--network",
             "host",
             "--hostname",
             "fleet-device",
-            &podman.image,
-            "/sbin/init",
-        ]);
-        let c = SystemdContainer { name };
+        ];
+        if let Some(v) = &volume {
+            args.extend(["--volume", v.as_str()]);
+        }
+        args.extend([podman.image.as_str(), "/sbin/init"]);
+        podman.run(&args);
+        let c = SystemdContainer { name, state_fs };
         c.wait_booted();
         c
     }
@@ -545,6 +662,12 @@ impl SystemdContainer {
     /// The container's name in the shared Podman storage.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The host directory that is the container's [`STATE_DIR`], when it
+    /// boots with [`BootOptions::small_state_fs_kib`].
+    pub fn state_fs_host_dir(&self) -> Option<&Path> {
+        self.state_fs.as_ref().map(|fs| fs.dir.as_path())
     }
 
     /// Runs `args` in the container (as root), bounded by [`EXEC_TIMEOUT`].
@@ -977,6 +1100,34 @@ mod tests {
         let list = "deb [arch=amd64] http://mirror.example/debian bookworm main\n\
                     deb https://packages.cloud.google.com/apt cloud-sdk-bookworm main\n";
         assert_eq!(mirrors_in_list(list), vec!["http://mirror.example/debian"]);
+    }
+
+    #[test]
+    fn a_small_state_fs_is_small_and_unmounted_on_drop_as_is_an_orphan() {
+        let fs = HostTmpfs::mount(64);
+        let dir = fs.dir.clone();
+        assert!(crate::podman::mounts_under(&dir).contains(&dir));
+        let full = std::fs::write(dir.join("filler"), vec![0u8; 128 * 1024])
+            .expect_err("128 KiB do not fit in 64");
+        assert_eq!(full.raw_os_error(), Some(28), "{full}");
+        drop(fs);
+        assert!(!dir.exists());
+        assert!(!crate::podman::mounts_under(&dir).contains(&dir));
+
+        // Left by a test process that is gone (its owner never was).
+        let orphan = Path::new(STATE_FS_DIR).join(format!("0-0-{}", std::process::id()));
+        create_dir_all(&orphan);
+        rustix::mount::mount(
+            "fleet-state",
+            &orphan,
+            "tmpfs",
+            rustix::mount::MountFlags::empty(),
+            None,
+        )
+        .expect("mount");
+        HostTmpfs::remove_orphans();
+        assert!(!orphan.exists());
+        assert!(!crate::podman::mounts_under(&orphan).contains(&orphan));
     }
 
     #[test]
