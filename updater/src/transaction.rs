@@ -597,7 +597,9 @@ pub fn settle(m: &mut Mutator, ctx: &Context) {
     let state_dir = ctx.layout.updater_state_dir();
     let mut wait = RETRY_FIRST;
     let mut tries = 0u32;
+    let mut first: Option<(Timestamp, String)> = None;
     while let Some((phase, why)) = m.unsynced() {
+        first.get_or_insert_with(|| (Timestamp::now(), why.clone()));
         log::warn!(
             "phase {phase} is not recorded ({why}); {}; writing it again in {} s",
             reclaim::describe_free(&state_dir),
@@ -606,10 +608,22 @@ pub fn settle(m: &mut Mutator, ctx: &Context) {
         std::thread::sleep(wait);
         tries += 1;
         match m.retry() {
-            Ok(()) => log::info!(
-                "phase {phase} recorded after {tries} retries; {}",
-                reclaim::describe_free(&state_dir)
-            ),
+            Ok(()) => {
+                log::info!(
+                    "phase {phase} recorded after {tries} retries; {}",
+                    reclaim::describe_free(&state_dir)
+                );
+                // The journal itself keeps that it was not written: the
+                // person reading it later sees why the phases came late.
+                if let Some((since, why)) = &first {
+                    let note = format!(
+                        "the journal could not be written from {since} ({why}); phase {phase} recorded after {tries} retries"
+                    );
+                    if let Err(e) = m.note("journal", &note) {
+                        log::warn!("{e}");
+                    }
+                }
+            }
             Err(_) => wait = (wait * 2).min(RETRY_MAX),
         }
     }

@@ -334,6 +334,15 @@ fn a_full_disk_at_start_mid_transaction_ends_on_the_previous_agent() {
     );
     device.assert_only_agent("1.0");
     second.guard.wait_for_line("recorded after", SETTLE);
+    // The journal keeps that it could not be written, and why.
+    let tx = device.journal().transaction.expect("tx");
+    assert!(
+        tx.errors.iter().any(|e| e.step.as_str() == "journal"
+            && e.message.as_str().contains("could not be written from")
+            && e.message.as_str().contains("No space left on device")),
+        "{:?}",
+        tx.errors
+    );
 }
 
 #[test]
