@@ -28,6 +28,7 @@ fn simulated_fleets_snapshot_fan_out_and_recover_from_a_node_kill() {
         &ClusterOptions {
             monitoring: true,
             max_connections: None,
+            ..ClusterOptions::default()
         },
     );
     let started = Instant::now();

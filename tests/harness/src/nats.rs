@@ -393,6 +393,10 @@ pub struct NatsCluster {
     ports: Vec<u16>,
     /// Monitoring (HTTP) ports, with [`ClusterOptions::monitoring`].
     monitor_ports: Vec<u16>,
+    /// Go profiling ports, with [`ClusterOptions::profiling`].
+    prof_ports: Vec<u16>,
+    /// Each node's config file (a restart reads it again).
+    configs: Vec<PathBuf>,
     nodes: Vec<Option<ChildGuard>>,
     dir: TempDir,
 }
@@ -404,6 +408,13 @@ pub struct ClusterOptions {
     pub monitoring: bool,
     /// `max_connections` of each node (the server's default is 65,536).
     pub max_connections: Option<usize>,
+    /// `lame_duck_duration` and `lame_duck_grace_period` of each node (the
+    /// server's defaults are 2 min and 10 s; its minimum duration is 30 s),
+    /// for [`NatsCluster::restart_node_lame_duck`].
+    pub lame_duck: Option<(Duration, Duration)>,
+    /// Each node serves Go's `/debug/pprof` on a loopback port
+    /// ([`NatsCluster::profile_addr`]): where a node's memory goes.
+    pub profiling: bool,
 }
 
 /// Nodes in a [`NatsCluster`].
@@ -442,6 +453,11 @@ impl NatsCluster {
             } else {
                 Vec::new()
             };
+            let prof: Vec<u16> = if options.profiling {
+                (0..CLUSTER_NODES).map(|_| free_port()).collect()
+            } else {
+                Vec::new()
+            };
             let mut nodes = Vec::new();
             let mut port_taken = false;
             for i in 0..CLUSTER_NODES {
@@ -449,6 +465,16 @@ impl NatsCluster {
                 let mut extra = String::new();
                 if let Some(port) = monitor.get(i) {
                     extra.push_str(&format!("http: \"127.0.0.1:{port}\"\n"));
+                }
+                if let Some(port) = prof.get(i) {
+                    extra.push_str(&format!("prof_port: {port}\n"));
+                }
+                if let Some((duration, grace)) = options.lame_duck {
+                    extra.push_str(&format!(
+                        "lame_duck_duration: \"{}s\"\nlame_duck_grace_period: \"{}s\"\n",
+                        duration.as_secs(),
+                        grace.as_secs()
+                    ));
                 }
                 if let Some(n) = options.max_connections {
                     extra.push_str(&format!("max_connections: {n}\n"));
@@ -493,6 +519,10 @@ impl NatsCluster {
                 version: v,
                 ports: client,
                 monitor_ports: monitor,
+                prof_ports: prof,
+                configs: (0..CLUSTER_NODES)
+                    .map(|i| base.join(format!("n{i}.conf")))
+                    .collect(),
                 nodes,
                 dir,
             };
@@ -529,6 +559,13 @@ impl NatsCluster {
             .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
     }
 
+    /// The Go profiling address of node `i` (with [`ClusterOptions::profiling`]).
+    pub fn profile_addr(&self, i: usize) -> Option<SocketAddr> {
+        self.prof_ports
+            .get(i)
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+    }
+
     /// The process id of node `i`, while it runs.
     pub fn node_pid(&self, i: usize) -> Option<u32> {
         self.nodes.get(i)?.as_ref().map(ChildGuard::pid)
@@ -544,6 +581,77 @@ impl NatsCluster {
         if let Some(mut child) = self.nodes[i].take() {
             child.kill();
         }
+    }
+
+    /// Restarts node `i` the way an operator does: lame-duck mode (SIGUSR2:
+    /// no new clients, its clients closed over `lame_duck_duration`), its
+    /// exit, a start with the same config and store, then every bucket
+    /// stream led and each of its replicas current again. A node that is
+    /// not running (killed) is only started. Each step is bounded by
+    /// `timeout`; the error says which one did not end.
+    pub fn restart_node_lame_duck(&mut self, i: usize, timeout: Duration) -> Result<(), String> {
+        if let Some(mut child) = self.nodes[i].take() {
+            child.signal(Signal::USR2);
+            let deadline = Instant::now() + timeout;
+            while child.try_wait().is_none() {
+                if Instant::now() >= deadline {
+                    child.kill();
+                    return Err(format!(
+                        "node n{i} still running {timeout:?} after SIGUSR2 (lame duck); killed"
+                    ));
+                }
+                thread::sleep(RETRY_INTERVAL);
+            }
+        }
+        let config = self.configs[i].to_string_lossy().into_owned();
+        let cmd = server_command(self.version, &["-c", &config]);
+        match spawn_server(cmd, &format!("nats-{:?}-n{i}", self.version), true) {
+            Ok((child, _)) => self.nodes[i] = Some(child),
+            Err(StartError::PortTaken) => {
+                return Err(format!("node n{i}: its port was taken while it restarted"))
+            }
+            Err(StartError::Failed(log)) => {
+                return Err(format!("node n{i} failed to restart:\n{log}"))
+            }
+        }
+        self.wait_for_current_replicas(timeout)
+    }
+
+    /// Waits until every bucket stream has a leader and every other
+    /// replica is current (caught up), the whole cluster live; the first
+    /// stream that is not, after `timeout`.
+    pub fn wait_for_current_replicas(&self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let admin = self.admin();
+        let followers = self.nodes.len() - 1;
+        for spec in &FLEET_BUCKETS {
+            let subject = format!("$JS.API.STREAM.INFO.{}", stream_name(spec.bucket));
+            loop {
+                let current = admin
+                    .request_timeout(&subject, "", LEADER_POLL_TIMEOUT)
+                    .ok()
+                    .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.data).ok())
+                    .is_some_and(|v| {
+                        let c = &v["cluster"];
+                        let replicas = c["replicas"].as_array().map_or(&[][..], Vec::as_slice);
+                        c["leader"].as_str().is_some_and(|l| !l.is_empty())
+                            && replicas.len() == followers
+                            && replicas
+                                .iter()
+                                .all(|r| r["current"].as_bool() == Some(true))
+                    });
+                if current {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "{subject}: replicas not all current within {timeout:?}"
+                    ));
+                }
+                thread::sleep(RETRY_INTERVAL);
+            }
+        }
+        Ok(())
     }
 
     /// Waits until every bucket stream has a leader among the live nodes
