@@ -22,6 +22,7 @@
 //! value applied, lost sync, errors) is kept in a [`DeviceRecord`].
 
 pub mod admin;
+pub mod bodies;
 mod proto;
 pub mod scenario;
 mod sim;

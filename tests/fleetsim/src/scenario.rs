@@ -26,6 +26,9 @@ pub struct Fleet {
     pub sim: Sim,
     /// The desired sequence each device should hold (after fan-outs).
     pub seqs: Vec<u64>,
+    /// Each device's error count at the last [`mark_errors`](Self::mark_errors):
+    /// a disturbance's errors are those counted after it.
+    error_mark: Vec<u64>,
 }
 
 /// p50, p99 and max of some durations, and how many.
@@ -76,11 +79,13 @@ impl Fleet {
         tune(&mut cfg);
         let sim = Sim::start(cfg).unwrap_or_else(|e| panic!("starting the simulator: {e}"));
         let seqs = vec![0; devices.len()];
+        let error_mark = vec![0; devices.len()];
         Fleet {
             generation,
             devices,
             sim,
             seqs,
+            error_mark,
         }
     }
 
@@ -173,6 +178,17 @@ impl Fleet {
         Ok((spread, w.acked.saturating_duration_since(w.started)))
     }
 
+    /// Remembers each device's error count now: [`recovery`](Self::recovery)
+    /// and [`outages`](Self::outages) count the errors after it.
+    pub fn mark_errors(&mut self) {
+        self.error_mark = self.sim.records().iter().map(|d| d.errors).collect();
+    }
+
+    fn errors_since_mark(&self, i: usize, d: &DeviceRecord) -> u64 {
+        d.errors
+            .saturating_sub(self.error_mark.get(i).copied().unwrap_or(0))
+    }
+
     /// Devices connected to each of `nodes` servers now.
     pub fn per_node(&self, nodes: usize) -> Vec<usize> {
         let mut v = vec![0; nodes];
@@ -212,7 +228,7 @@ impl Fleet {
                 continue;
             }
             affected_n += 1;
-            errors += d.errors;
+            errors += self.errors_since_mark(i, d);
             match d.snapshots.iter().rev().find(|s| **s >= at) {
                 Some(t) if recovered(d) => times.push(t.saturating_duration_since(at)),
                 _ => {
@@ -241,6 +257,62 @@ impl Fleet {
             errors,
             first_never,
         }
+    }
+
+    /// After a disturbance that began at `from` and lasted until `until`
+    /// (a rolling restart: each device may lose its connection more than
+    /// once): waits until every device that lost sync since `from` has a
+    /// complete snapshot after its last loss (or `timeout` after `until`).
+    /// The spread is over every outage: from a loss to the next complete
+    /// snapshot.
+    pub fn outages(&self, from: Instant, until: Instant, timeout: Duration) -> Recovery {
+        let lost = |d: &DeviceRecord| {
+            d.lost_sync
+                .iter()
+                .copied()
+                .filter(|t| *t >= from)
+                .collect::<Vec<_>>()
+        };
+        let recovered = |d: &DeviceRecord| {
+            lost(d)
+                .last()
+                .map_or(true, |last| d.snapshot_after(*last).is_some())
+        };
+        let deadline = until + timeout;
+        self.sim
+            .wait_until(deadline.saturating_duration_since(Instant::now()), |r| {
+                r.iter().all(recovered)
+            });
+        let recs = self.sim.records();
+        let mut times = Vec::new();
+        let mut out = Recovery::default();
+        for (i, d) in recs.iter().enumerate() {
+            let losses = lost(d);
+            if losses.is_empty() {
+                continue;
+            }
+            out.affected += 1;
+            out.errors += self.errors_since_mark(i, d);
+            for t in &losses {
+                if let Some(s) = d.snapshot_after(*t) {
+                    times.push(s.saturating_duration_since(*t));
+                }
+            }
+            if !recovered(d) {
+                out.never += 1;
+                if out.first_never.is_none() {
+                    out.first_never = Some(format!(
+                        "{}: lost sync {} times, {} connects, last error {:?}",
+                        self.devices[i],
+                        losses.len(),
+                        d.connects.len(),
+                        d.last_error
+                    ));
+                }
+            }
+        }
+        out.spread = Spread::of(times);
+        out
     }
 
     /// JetStream API requests the devices sent so far.

@@ -172,7 +172,9 @@ pub(crate) struct Loop {
     timers: BinaryHeap<Reverse<Timer>>,
     records: Arc<Mutex<Vec<DeviceRecord>>>,
     dirty: Vec<u32>,
-    info_body: Vec<u8>,
+    /// When the simulation started: the agents' `agent-started-at` and uptime.
+    started: fleet_common::Timestamp,
+    started_at: Instant,
 }
 
 impl Loop {
@@ -229,19 +231,7 @@ impl Loop {
         if cfg.servers.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no servers"));
         }
-        let info_body = serde_json::json!({
-            "agent-version": "0.1.0",
-            "arch": "amd64",
-            "os": "Debian GNU/Linux 12 (bookworm)",
-            "kernel": "6.1.0-simulated",
-            "podman-version": null,
-            "config-state": {"frozen": false},
-            "started-at": "2026-01-01T00:00:00Z",
-            "updated-at": "2026-01-01T00:00:00Z",
-            "simulated": true,
-        })
-        .to_string()
-        .into_bytes();
+        let started = fleet_common::Timestamp::now();
         Ok(Loop {
             cfg,
             ep,
@@ -249,7 +239,8 @@ impl Loop {
             timers,
             records,
             dirty: Vec::new(),
-            info_body,
+            started,
+            started_at: Instant::now(),
         })
     }
 
@@ -610,14 +601,8 @@ impl Loop {
         self.request(i, &subject, body, Req::Status, recs);
     }
 
-    fn heartbeat_body(&self, i: usize) -> Vec<u8> {
-        format!(
-            "{{\"at\":\"{}\",\"uptime-secs\":{},\"agent-version\":\"0.1.0\",\"config-state\":{{\"frozen\":false}},\"stopping\":null,\"device\":\"{}\"}}",
-            fleet_common::Timestamp::now(),
-            self.devs[i].next_req,
-            self.devs[i].id
-        )
-        .into_bytes()
+    fn heartbeat_body(&self) -> Vec<u8> {
+        crate::bodies::heartbeat(self.cfg.generation, self.started_at.elapsed().as_secs())
     }
 
     fn workloads_report(&mut self, i: usize, recs: &mut [DeviceRecord]) {
@@ -626,12 +611,8 @@ impl Loop {
             return;
         }
         self.devs[i].reported = Some(held);
-        let body = format!(
-            "{{\"at\":\"{}\",\"workloads\":{{\"web\":{{\"state\":\"pending\",\"reason\":\"not run: Podman is disabled\"}}}},\"desired-seq\":{}}}",
-            fleet_common::Timestamp::now(),
-            self.devs[i].reads[0].tracker.held()
-        );
-        self.put_status(i, StatusKey::Workloads, body.as_bytes(), recs);
+        let body = crate::bodies::workloads();
+        self.put_status(i, StatusKey::Workloads, &body, recs);
     }
 
     // ---- protocol ----
@@ -720,7 +701,7 @@ impl Loop {
             BUCKET_STATUS,
             &status_key(&self.devs[i].id, StatusKey::Info),
         );
-        let body = self.info_body.clone();
+        let body = crate::bodies::info(&self.devs[i].id, self.cfg.generation, self.started);
         recs[i].status_puts += 1;
         self.request(i, &subject, &body, Req::Info, recs);
     }
@@ -1095,7 +1076,7 @@ impl Loop {
             }
             TimerKind::Heartbeat => {
                 if self.devs[i].conn == Conn::Up {
-                    let body = self.heartbeat_body(i);
+                    let body = self.heartbeat_body();
                     self.put_status(i, StatusKey::Heartbeat, &body, recs);
                 }
                 let hb = self.cfg.heartbeat;
