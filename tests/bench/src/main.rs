@@ -46,12 +46,14 @@ const USAGE: &str = "fleet-bench: measures the DESIGN.md targets (run it with `m
 Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--latency-runs N] [--fleet N,...] [--rollout N]
                    [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
-                   [--scale-nats 2.14,2.9]
+                   [--scale-nats 2.14,2.9] [--scale-gen 1,2]
 
 Sections: sizes, device, download, fleet, rollout, cutover, scale (default: all).
 Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
           --rollout 10000 --cutover-runs 7 --scale 1000,10000
-          --scale-window-secs 30 --scale-nats 2.14
+          --scale-window-secs 30 --scale-nats 2.14 --scale-gen 1,2
+          (--scale-gen 2 leaves out the baseline, generation 1, which cannot
+          bring a fleet up past ~15,000 devices here)
 ";
 
 /// Every section, in the order they run.
@@ -71,6 +73,8 @@ struct Args {
     scale: Vec<usize>,
     scale_window: Duration,
     scale_nats: Vec<NatsVersion>,
+    /// Whether the scale section also runs generation 1 (the baseline).
+    scale_baseline: bool,
 }
 
 impl Args {
@@ -86,6 +90,7 @@ impl Args {
             scale: vec![1_000, 10_000],
             scale_window: Duration::from_secs(30),
             scale_nats: vec![NatsVersion::V2_14],
+            scale_baseline: true,
         };
         let mut args = args.peekable();
         while let Some(arg) = args.next() {
@@ -121,6 +126,17 @@ impl Args {
                             )),
                         })
                         .collect::<Result<_, _>>()?
+                }
+                "--scale-gen" => {
+                    a.scale_baseline = match value()?.as_str() {
+                        "1,2" | "2,1" => true,
+                        "2" => false,
+                        other => {
+                            return Err(format!(
+                                "--scale-gen {other:?}: 1,2 (both, generation 1 the baseline) or 2"
+                            ))
+                        }
+                    }
                 }
                 "--scale-window-secs" => {
                     a.scale_window = Duration::from_secs(number(value()?)? as u64)
@@ -239,7 +255,7 @@ fn run(args: &Args) -> Table {
     }
     if args.has("scale") {
         for v in &args.scale_nats {
-            for row in scale::scale_rows(&args.scale, args.scale_window, *v) {
+            for row in scale::scale_rows(&args.scale, args.scale_window, *v, args.scale_baseline) {
                 table.push(row);
             }
         }
@@ -452,6 +468,12 @@ mod tests {
         assert!(a.has("scale") && !a.has("fleet"));
         assert_eq!(a.scale, vec![100, 2000]);
         assert_eq!(a.scale_nats, vec![NatsVersion::V2_9, NatsVersion::V2_14]);
+        assert!(
+            a.scale_baseline,
+            "generation 1 runs as the baseline by default"
+        );
+        assert!(!parse(&["--scale-gen", "2"]).expect("valid").scale_baseline);
+        assert!(parse(&["--scale-gen", "1"]).is_err());
         assert!(parse(&["--scale-nats", "2.10"]).is_err());
     }
 }

@@ -48,7 +48,7 @@ fn heartbeat() -> Vec<u8> {
 }
 
 /// A release file of `version`.
-fn write_release(path: &std::path::Path, version: &str) {
+pub(crate) fn write_release(path: &std::path::Path, version: &str) {
     std::fs::write(
         path,
         serde_json::json!({
@@ -71,10 +71,23 @@ fn fleetctl(
     password: &std::path::Path,
     args: &[&str],
 ) -> (std::process::Output, Duration) {
+    fleetctl_at(&[server.url()], password, args)
+}
+
+/// [`fleetctl`] against the servers at `urls` (a cluster: every node).
+pub(crate) fn fleetctl_at(
+    urls: &[String],
+    password: &std::path::Path,
+    args: &[&str],
+) -> (std::process::Output, Duration) {
     let started = Instant::now();
-    let child = Command::new(release_bin("fleetctl"))
-        .args(args)
-        .args(["--server", &server.url(), "--password-file"])
+    let mut cmd = Command::new(release_bin("fleetctl"));
+    cmd.args(args);
+    for url in urls {
+        cmd.args(["--server", url]);
+    }
+    let child = cmd
+        .arg("--password-file")
         .arg(password)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
