@@ -53,6 +53,8 @@ fn write_for(
 pub struct Written {
     /// Stream sequence of each device's new value (same order as `devices`).
     pub seqs: Vec<u64>,
+    /// When each device's put was sent (same order as `devices`).
+    pub sent: Vec<Instant>,
     /// When the first put was sent and when the last ack arrived.
     pub started: Instant,
     pub acked: Instant,
@@ -79,6 +81,7 @@ pub fn put_desired_all(
     let mut seqs: Vec<Option<u64>> = vec![None; writes.len()];
     let (mut sent, mut answered) = (0usize, 0usize);
     let started = Instant::now();
+    let mut sent_at = vec![started; writes.len()];
     let mut last_send = started;
     while answered < writes.len() {
         while sent < writes.len() && sent - answered < MAX_IN_FLIGHT {
@@ -95,8 +98,9 @@ pub fn put_desired_all(
                 value,
             )
             .map_err(|e| format!("publishing {subject}: {e}"))?;
-            sent += 1;
             last_send = Instant::now();
+            sent_at[sent] = last_send;
+            sent += 1;
         }
         match sub.next_timeout(Duration::from_millis(200)) {
             Ok(m) => {
@@ -137,6 +141,7 @@ pub fn put_desired_all(
     }
     Ok(Written {
         seqs: seqs.into_iter().map(|s| s.unwrap_or(0)).collect(),
+        sent: sent_at,
         started,
         acked: Instant::now(),
     })

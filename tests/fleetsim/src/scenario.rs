@@ -133,15 +133,14 @@ impl Fleet {
         )
     }
 
-    /// One desired change per device, written by `admin`; returns the
-    /// spread from the first put to each device having it, and the time
-    /// the puts took to be acknowledged.
+    /// One desired change per device, written by `admin` as fleetctl
+    /// writes them (pipelined); how long each device took to apply it.
     pub fn fan_out(
         &mut self,
         admin: &nats::Connection,
         marker: &str,
         timeout: Duration,
-    ) -> Result<(Spread, Duration), String> {
+    ) -> Result<FanOut, String> {
         let expected = if self.generation == Generation::Two {
             self.seqs.clone()
         } else {
@@ -168,14 +167,27 @@ impl Fleet {
                 *it.next().unwrap_or(&false)
             }));
         }
-        let spread = Spread::of(
-            recs.iter()
-                .zip(&self.seqs)
-                .filter_map(|(d, s)| d.applied_at_least(*s))
-                .map(|t| t.saturating_duration_since(w.started))
-                .collect(),
-        );
-        Ok((spread, w.acked.saturating_duration_since(w.started)))
+        let applied: Vec<Instant> = recs
+            .iter()
+            .zip(&self.seqs)
+            .filter_map(|(d, s)| d.applied_at_least(*s))
+            .collect();
+        Ok(FanOut {
+            each: Spread::of(
+                applied
+                    .iter()
+                    .zip(&w.sent)
+                    .map(|(a, s)| a.saturating_duration_since(*s))
+                    .collect(),
+            ),
+            whole: Spread::of(
+                applied
+                    .iter()
+                    .map(|a| a.saturating_duration_since(w.started))
+                    .collect(),
+            ),
+            acked: w.acked.saturating_duration_since(w.started),
+        })
     }
 
     /// Remembers each device's error count now: [`recovery`](Self::recovery)
@@ -328,6 +340,19 @@ impl Fleet {
             r.iter().map(|d| d.status_acked).sum(),
         )
     }
+}
+
+/// What a fan-out took.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FanOut {
+    /// Per device, from its own put being sent to the device applying it:
+    /// the latency of a change.
+    pub each: Spread,
+    /// Per device, from the first put of all: the whole fleet's, which
+    /// includes writing N values (the puts' own throughput).
+    pub whole: Spread,
+    /// From the first put to the last acknowledgment.
+    pub acked: Duration,
 }
 
 /// What a node loss did to one fleet.

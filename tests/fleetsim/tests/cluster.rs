@@ -45,10 +45,11 @@ fn simulated_fleets_snapshot_fan_out_and_recover_from_a_node_kill() {
     }
     let admin = cluster.admin();
     for f in &mut fleets {
-        let (spread, _) = f
+        let fan_out = f
             .fan_out(&admin, "first", Duration::from_secs(60))
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(spread.n, PER_GENERATION, "{}", f.generation.label());
+        assert_eq!(fan_out.each.n, PER_GENERATION, "{}", f.generation.label());
+        assert!(fan_out.each.max <= fan_out.whole.max, "{fan_out:?}");
     }
     drop(admin);
     // Generation 2 reads without consumers: no JetStream API request
