@@ -493,7 +493,8 @@ fn rows(
             .ratio(ratio(&|g| g.rss_per_device(n)))
             .target("≤ 100 KiB", Verdict::from_ok(per2 <= 100.0 * 1024.0))
             .note(format!(
-                "Sum of the three nodes' RSS settled with {n} devices minus before any device, over N. Go's own accounting (live heap after a forced collection plus goroutine stacks, `/debug/pprof/heap?gc=1`) grew {} per device: what a device needs; the rest of RSS is garbage the collector had not reclaimed yet (GOGC 100 lets the heap reach twice the live set){}. Per node before → settled: gen 2 {} → {}{}. Devices start at {START_RATE}/s; first snapshots p50/p99/max gen 2 {}{} from the first start.",
+                "Sum of the three nodes' RSS settled with {n} devices minus before any device, over N{}. Go's own accounting (live heap after a forced collection plus goroutine stacks, `/debug/pprof/heap?gc=1`) grew {} per device: what a device needs; the rest of RSS is garbage the collector had not reclaimed yet (GOGC 100 lets the heap reach twice the live set){}. Per node before → settled: gen 2 {} → {}{}. Devices start at {START_RATE}/s; first snapshots p50/p99/max gen 2 {}{} from the first start.",
+                gomemlimit_note(),
                 kib(live2),
                 g1_note(&|g| format!("; gen 1: {}", kib(g.live_per_device(n)))),
                 mib_list(&g2.rss_before),
@@ -618,6 +619,18 @@ fn rows(
                     .unwrap_or_default()),
             )),
     ]
+}
+
+/// The nodes inherit the bench's environment: a `GOMEMLIMIT` there caps
+/// each node's Go memory (the collector runs more often instead of the
+/// node growing), which the RSS figures must say.
+fn gomemlimit_note() -> String {
+    match std::env::var("GOMEMLIMIT") {
+        Ok(v) if !v.is_empty() => format!(
+            " (each node run with GOMEMLIMIT={v}: the collector keeps its memory near that)"
+        ),
+        _ => String::new(),
+    }
 }
 
 /// The rolling restart's cell: its outages, or why it was not done.
