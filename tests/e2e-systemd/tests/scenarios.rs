@@ -530,6 +530,12 @@ fn a_disk_filled_mid_upgrade_and_a_power_cycle_end_on_the_previous_agent_and_the
             .any(|t| t.phase == JournalPhase::Committed),
         "{tx:#?}"
     );
+    // The journal itself keeps that it was written late, and why.
+    assert!(
+        tx.errors.iter().any(|e| e.step.as_str() == "journal"
+            && e.message.as_str().contains("No space left on device")),
+        "{tx:#?}"
+    );
     let log = d.c.journal(UPDATER_UNIT);
     assert!(log.contains("recorded after"), "{log}");
     assert_eq!(

@@ -621,37 +621,17 @@ impl NatsCluster {
     /// replica is current (caught up), the whole cluster live; the first
     /// stream that is not, after `timeout`.
     pub fn wait_for_current_replicas(&self, timeout: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + timeout;
-        let admin = self.admin();
         let followers = self.nodes.len() - 1;
-        for spec in &FLEET_BUCKETS {
-            let subject = format!("$JS.API.STREAM.INFO.{}", stream_name(spec.bucket));
-            loop {
-                let current = admin
-                    .request_timeout(&subject, "", LEADER_POLL_TIMEOUT)
-                    .ok()
-                    .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.data).ok())
-                    .is_some_and(|v| {
-                        let c = &v["cluster"];
-                        let replicas = c["replicas"].as_array().map_or(&[][..], Vec::as_slice);
-                        c["leader"].as_str().is_some_and(|l| !l.is_empty())
-                            && replicas.len() == followers
-                            && replicas
-                                .iter()
-                                .all(|r| r["current"].as_bool() == Some(true))
-                    });
-                if current {
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    return Err(format!(
-                        "{subject}: replicas not all current within {timeout:?}"
-                    ));
-                }
-                thread::sleep(RETRY_INTERVAL);
-            }
-        }
-        Ok(())
+        poll_bucket_streams(&self.admin(), Instant::now() + timeout, |info| {
+            let c = &info["cluster"];
+            let replicas = c["replicas"].as_array().map_or(&[][..], Vec::as_slice);
+            c["leader"].as_str().is_some_and(|l| !l.is_empty())
+                && replicas.len() == followers
+                && replicas
+                    .iter()
+                    .all(|r| r["current"].as_bool() == Some(true))
+        })
+        .map_err(|subject| format!("{subject}: replicas not all current within {timeout:?}"))
     }
 
     /// Waits until every bucket stream has a leader among the live nodes
@@ -800,24 +780,41 @@ fn wait_for_stream_leaders(
     deadline: Instant,
     timeout: Duration,
 ) {
+    let led = |info: &serde_json::Value| {
+        info["cluster"]["leader"].as_str().is_some_and(|l| {
+            !l.is_empty() && among.map_or(true, |names| names.iter().any(|n| n == l))
+        })
+    };
+    if let Err(subject) = poll_bucket_streams(admin, deadline, led) {
+        panic!("{subject}: no stream leader within {timeout:?}");
+    }
+}
+
+/// Polls each bucket stream's info until `ok` holds for it; the info
+/// subject of the first stream for which it did not by `deadline`.
+fn poll_bucket_streams(
+    admin: &nats::Connection,
+    deadline: Instant,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> Result<(), String> {
     for spec in &FLEET_BUCKETS {
         let subject = format!("$JS.API.STREAM.INFO.{}", stream_name(spec.bucket));
         loop {
-            let leader = admin
+            let done = admin
                 .request_timeout(&subject, "", LEADER_POLL_TIMEOUT)
                 .ok()
                 .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.data).ok())
-                .and_then(|v| v["cluster"]["leader"].as_str().map(str::to_owned))
-                .filter(|l| !l.is_empty() && among.map_or(true, |names| names.contains(l)));
-            if leader.is_some() {
+                .is_some_and(|info| ok(&info));
+            if done {
                 break;
             }
             if Instant::now() >= deadline {
-                panic!("{subject}: no stream leader within {timeout:?}");
+                return Err(subject);
             }
             thread::sleep(RETRY_INTERVAL);
         }
     }
+    Ok(())
 }
 
 fn temp_dir(prefix: &str) -> TempDir {
