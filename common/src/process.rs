@@ -6,7 +6,9 @@
 //! child cannot deadlock on a full pipe), keeping at most `max_output` bytes
 //! of each (the first of stdout, the last of stderr, where a failing tool
 //! says why) and counting what was cut; wait on a third thread; on
-//! timeout, SIGKILL the group and reap.
+//! timeout, SIGKILL the group and reap. Once the child has exited, its
+//! pipes get `PIPE_DRAIN_TIMEOUT` to close; a daemonized grandchild that
+//! holds them open costs that wait, never what the child wrote.
 //!
 //! Every group started and not yet reaped is registered, so that a daemon
 //! stopping with a child still hung kills it ([`kill_live_groups`]) instead
@@ -16,7 +18,7 @@
 use std::fmt;
 use std::io::{self, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -175,62 +177,97 @@ enum Keep {
     Tail,
 }
 
-/// Reads until EOF, keeping at most `max` bytes as `keep` says; returns
-/// them and the count of bytes left out. The buffer never exceeds twice
-/// `max`, whatever the stream's size.
-fn read_capped(mut r: impl Read, max: usize, keep: Keep) -> (Vec<u8>, u64) {
-    let mut kept = Vec::new();
-    let mut cut = 0u64;
+/// What a reader thread has taken from one stream so far.
+#[derive(Default)]
+struct Captured {
+    kept: Vec<u8>,
+    cut: u64,
+}
+
+/// Locks a capture; a reader that panicked left plain bytes: still usable.
+fn lock(c: &Mutex<Captured>) -> std::sync::MutexGuard<'_, Captured> {
+    c.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reads until EOF into `into`, keeping at most `max` bytes as `keep` says
+/// and counting the bytes left out. The buffer never exceeds twice `max`,
+/// whatever the stream's size. What was read is in `into` at every moment,
+/// so a stream that never reaches EOF (a daemonized grandchild holds the
+/// pipe) still yields what its child wrote.
+fn read_capped(mut r: impl Read, max: usize, keep: Keep, into: &Mutex<Captured>) {
     let mut chunk = [0u8; 8192];
     loop {
         match r.read(&mut chunk) {
             Ok(0) => break,
-            Ok(n) => match keep {
-                Keep::Head => {
-                    let room = max.saturating_sub(kept.len());
-                    let take = n.min(room);
-                    kept.extend_from_slice(&chunk[..take]);
-                    cut += (n - take) as u64;
-                }
-                Keep::Tail => {
-                    kept.extend_from_slice(&chunk[..n]);
-                    // Dropped in steps of at least `max`: amortized cost.
-                    if kept.len() > max.saturating_mul(2).max(chunk.len()) {
-                        let drop = kept.len() - max;
-                        kept.drain(..drop);
-                        cut += drop as u64;
+            Ok(n) => {
+                let mut c = lock(into);
+                match keep {
+                    Keep::Head => {
+                        let room = max.saturating_sub(c.kept.len());
+                        let take = n.min(room);
+                        c.kept.extend_from_slice(&chunk[..take]);
+                        c.cut += (n - take) as u64;
+                    }
+                    Keep::Tail => {
+                        c.kept.extend_from_slice(&chunk[..n]);
+                        // Dropped in steps of at least `max`: amortized cost.
+                        if c.kept.len() > max.saturating_mul(2).max(chunk.len()) {
+                            let drop = c.kept.len() - max;
+                            c.kept.drain(..drop);
+                            c.cut += drop as u64;
+                        }
                     }
                 }
-            },
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
     }
-    if kept.len() > max {
-        let drop = kept.len() - max;
-        kept.drain(..drop);
-        cut += drop as u64;
-    }
-    kept.shrink_to_fit();
-    (kept, cut)
 }
 
-fn spawn_reader(
-    name: &str,
-    pipe: Option<impl Read + Send + 'static>,
+/// One output stream of a child, read on its own thread.
+struct Reader {
+    captured: Arc<Mutex<Captured>>,
+    done: mpsc::Receiver<()>,
     max: usize,
-    keep: Keep,
-) -> mpsc::Receiver<(Vec<u8>, u64)> {
-    let (tx, rx) = mpsc::channel();
-    if let Some(p) = pipe {
-        let spawned = thread::Builder::new().name(name.to_owned()).spawn(move || {
-            let _ = tx.send(read_capped(p, max, keep));
-        });
-        if spawned.is_err() {
-            // The receiver sees a closed channel and reports no output.
+}
+
+impl Reader {
+    fn spawn(name: &str, pipe: Option<impl Read + Send + 'static>, max: usize, keep: Keep) -> Self {
+        let captured = Arc::new(Mutex::new(Captured::default()));
+        let (tx, done) = mpsc::channel();
+        if let Some(p) = pipe {
+            let into = Arc::clone(&captured);
+            // A thread that cannot be spawned leaves the capture empty: the
+            // child's output is then reported as empty, never invented.
+            let _ = thread::Builder::new().name(name.to_owned()).spawn(move || {
+                read_capped(p, max, keep, &into);
+                let _ = tx.send(());
+            });
+        }
+        Self {
+            captured,
+            done,
+            max,
         }
     }
-    rx
+
+    /// Waits up to `timeout` for EOF, then returns what was read (all of it
+    /// at EOF; what the child wrote before a grandchild kept the pipe open
+    /// otherwise) and the count of bytes left out.
+    fn finish(self, timeout: Duration) -> (Vec<u8>, u64) {
+        let _ = self.done.recv_timeout(timeout);
+        let mut c = lock(&self.captured);
+        let mut kept = std::mem::take(&mut c.kept);
+        let mut cut = c.cut;
+        if kept.len() > self.max {
+            let drop = kept.len() - self.max;
+            kept.drain(..drop);
+            cut += drop as u64;
+        }
+        kept.shrink_to_fit();
+        (kept, cut)
+    }
 }
 
 /// Process groups started by [`run_bounded`] and not yet reaped.
@@ -300,14 +337,14 @@ pub fn run_bounded_split(
     })?;
     let pid = child.id();
     let _live = LiveGroup::register(pid);
-    let out_rx = spawn_reader("child-stdout", child.stdout.take(), max_stdout, Keep::Head);
-    let err_rx = spawn_reader("child-stderr", child.stderr.take(), max_stderr, Keep::Tail);
+    let out_reader = Reader::spawn("child-stdout", child.stdout.take(), max_stdout, Keep::Head);
+    let err_reader = Reader::spawn("child-stderr", child.stderr.take(), max_stderr, Keep::Tail);
     let waited = wait_with_timeout(child, timeout);
     let status = match waited {
         Ok(Some(status)) => status,
         Ok(None) => {
             kill_group(pid);
-            let (stderr, _) = err_rx.recv_timeout(PIPE_DRAIN_TIMEOUT).unwrap_or_default();
+            let (stderr, _) = err_reader.finish(PIPE_DRAIN_TIMEOUT);
             return Err(ProcessError::Timeout {
                 program,
                 after: timeout,
@@ -316,8 +353,8 @@ pub fn run_bounded_split(
         }
         Err(source) => return Err(ProcessError::Wait { program, source }),
     };
-    let (stdout, stdout_cut) = out_rx.recv_timeout(PIPE_DRAIN_TIMEOUT).unwrap_or_default();
-    let (stderr, stderr_cut) = err_rx.recv_timeout(PIPE_DRAIN_TIMEOUT).unwrap_or_default();
+    let (stdout, stdout_cut) = out_reader.finish(PIPE_DRAIN_TIMEOUT);
+    let (stderr, stderr_cut) = err_reader.finish(PIPE_DRAIN_TIMEOUT);
     Ok(Output {
         status,
         stdout,
@@ -393,6 +430,21 @@ mod tests {
         assert_eq!(out.status.code(), Some(3));
         assert_eq!(out.stdout, b"out\n");
         assert_eq!(out.diagnostic(), "err");
+    }
+
+    #[test]
+    fn output_is_kept_when_a_grandchild_holds_the_pipe_open() {
+        let _serial = serial();
+        // The grandchild keeps stdout and stderr open past the drain bound.
+        let out = run_bounded(
+            Command::new("sh").args(["-c", "echo out; echo err >&2; sleep 4 & exit 0"]),
+            Duration::from_secs(10),
+            1024,
+        )
+        .expect("runs");
+        assert!(out.success());
+        assert_eq!(out.stdout, b"out\n");
+        assert_eq!(out.stderr, b"err\n");
     }
 
     #[test]
