@@ -32,7 +32,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use fleet_common::process::{run_bounded, Output};
@@ -599,6 +599,9 @@ impl Drop for HostTmpfs {
 #[derive(Debug)]
 pub struct SystemdContainer {
     name: String,
+    /// Execs whose output arrived whole: their files in [`EXEC_DIR`] go
+    /// with the next exec.
+    exec_done: Mutex<Vec<String>>,
     /// Dropped after the container is removed (fields drop after `drop`).
     state_fs: Option<HostTmpfs>,
 }
@@ -645,7 +648,11 @@ impl SystemdContainer {
         }
         args.extend([podman.image.as_str(), "/sbin/init"]);
         podman.run(&args);
-        let c = SystemdContainer { name, state_fs };
+        let c = SystemdContainer {
+            name,
+            exec_done: Mutex::new(Vec::new()),
+            state_fs,
+        };
         c.wait_booted();
         c
     }
@@ -676,12 +683,83 @@ impl SystemdContainer {
     }
 
     /// [`exec`](Self::exec) with its own bound; panics on timeout.
+    ///
+    /// `podman exec` now and then returns without all of the command's
+    /// output (an attach race: a `readlink` that exited 0 came back empty).
+    /// So the command writes into files in the container, [`EXEC_SCRIPT`]
+    /// prints them with a trailer, and output without its trailer is read
+    /// again from the files instead of being taken for what the command
+    /// said.
     pub fn exec_with_timeout(&self, args: &[&str], timeout: Duration) -> ExecOutput {
+        let (id, out) = self.exec_run(args, timeout);
+        if let Some(whole) = exec_trailed(&out, &id) {
+            lock(&self.exec_done).push(id);
+            return whole;
+        }
+        for _ in 0..EXEC_READ_BACK_ATTEMPTS {
+            if let Some(whole) = exec_trailed(&self.exec_replay(&id), &id) {
+                lock(&self.exec_done).push(id);
+                return whole;
+            }
+        }
+        eprintln!(
+            "{}: exec {args:?}: the output came back without its end and could not be read \
+             again from {EXEC_DIR}/{id}.*: taking it as it came",
+            self.name
+        );
+        exec_output(out)
+    }
+
+    /// Runs `args` through [`EXEC_SCRIPT`]; returns the exec's id and what
+    /// `podman exec` returned.
+    fn exec_run(&self, args: &[&str], timeout: Duration) -> (String, Output) {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let id = format!(
+            "{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let done = std::mem::take(&mut *lock(&self.exec_done)).join(" ");
+        let mut wrapped = vec![
+            "sh",
+            "-c",
+            EXEC_SCRIPT,
+            "sh",
+            EXEC_DIR,
+            EXEC_TRAILER,
+            "run",
+            &id,
+            &done,
+        ];
+        wrapped.extend_from_slice(args);
+        let out = self.exec_raw(&wrapped, timeout);
+        (id, out)
+    }
+
+    /// Prints again what the exec `id` left in [`EXEC_DIR`].
+    fn exec_replay(&self, id: &str) -> Output {
+        self.exec_raw(
+            &[
+                "sh",
+                "-c",
+                EXEC_SCRIPT,
+                "sh",
+                EXEC_DIR,
+                EXEC_TRAILER,
+                "replay",
+                id,
+                "",
+            ],
+            PODMAN_TIMEOUT,
+        )
+    }
+
+    /// One `podman exec`, as is.
+    fn exec_raw(&self, args: &[&str], timeout: Duration) -> Output {
         let mut cmd = SharedPodman::get().command();
         cmd.args(["exec", &self.name]).args(args);
-        let out = run_bounded(&mut cmd, timeout, MAX_OUTPUT)
-            .unwrap_or_else(|e| panic!("{}: exec {args:?}: {e}", self.name));
-        exec_output(out)
+        run_bounded(&mut cmd, timeout, MAX_OUTPUT)
+            .unwrap_or_else(|e| panic!("{}: exec {args:?}: {e}", self.name))
     }
 
     /// Runs `args`; panics with its output unless it exits 0; returns stdout.
@@ -1026,6 +1104,51 @@ impl Drop for SystemdContainer {
     }
 }
 
+/// Where a command run by [`SystemdContainer::exec`] writes its output.
+const EXEC_DIR: &str = "/run/fleet-test-exec";
+/// Ends stdout and stderr of a command run by [`SystemdContainer::exec`]:
+/// `\n<trailer> <id> <exit code>\n` and `\n<trailer> <id>\n`.
+const EXEC_TRAILER: &str = "fleet-test-exec-end";
+/// How often output that came back without its trailer is read again.
+const EXEC_READ_BACK_ATTEMPTS: usize = 3;
+/// `sh -c EXEC_SCRIPT sh <dir> <trailer> run|replay <id> <ids done>
+/// [command...]`: `run` removes the files of the execs done and runs the
+/// command into files; both then print the files, each followed by its
+/// trailer, and exit with the command's code.
+const EXEC_SCRIPT: &str = r#"d=$1; t=$2; mode=$3; id=$4; old=$5; shift 5
+if [ "$mode" = run ]; then
+  mkdir -p "$d" || exit 125
+  for o in $old; do rm -f "$d/$o.out" "$d/$o.err" "$d/$o.rc"; done
+  "$@" >"$d/$id.out" 2>"$d/$id.err" </dev/null
+  echo "$?" >"$d/$id.rc"
+fi
+rc=$(cat "$d/$id.rc") || exit 125
+cat "$d/$id.out"; printf '\n%s %s %s\n' "$t" "$id" "$rc"
+cat "$d/$id.err" >&2; printf '\n%s %s\n' "$t" "$id" >&2
+exit "$rc""#;
+
+/// The command's output if both streams end with their trailer for `id`.
+fn exec_trailed(out: &Output, id: &str) -> Option<ExecOutput> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (stdout, code) = stdout
+        .strip_suffix('\n')?
+        .rsplit_once(&format!("\n{EXEC_TRAILER} {id} "))
+        .filter(|(_, code)| !code.contains('\n'))?;
+    let code: i32 = code.parse().ok()?;
+    let stderr = stderr.strip_suffix(&format!("\n{EXEC_TRAILER} {id}\n"))?;
+    Some(ExecOutput {
+        code: Some(code),
+        stdout: stdout.to_owned(),
+        stderr: stderr.to_owned(),
+    })
+}
+
+/// Locks `m`; a panic while holding it leaves plain data: still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn exec_output(out: Output) -> ExecOutput {
     ExecOutput {
         code: out.status.code(),
@@ -1128,6 +1251,71 @@ mod tests {
         HostTmpfs::remove_orphans();
         assert!(!orphan.exists());
         assert!(!crate::podman::mounts_under(&orphan).contains(&orphan));
+    }
+
+    fn output(stdout: &str, stderr: &str) -> Output {
+        use std::os::unix::process::ExitStatusExt;
+        Output {
+            status: std::process::ExitStatus::from_raw(0),
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+            stdout_cut: 0,
+            stderr_cut: 0,
+        }
+    }
+
+    #[test]
+    fn exec_output_counts_only_with_both_trailers_of_its_own_id() {
+        let whole = output(
+            "a\nb\nfleet-test-exec-end 7-1 3\n",
+            "warn\n\nfleet-test-exec-end 7-1\n",
+        );
+        let got = exec_trailed(&whole, "7-1").expect("whole");
+        assert_eq!(
+            (got.code, got.stdout.as_str(), got.stderr.as_str()),
+            (Some(3), "a\nb", "warn\n")
+        );
+        for lost in [
+            output("", ""),
+            output("a\nb", "warn\n\nfleet-test-exec-end 7-1\n"),
+            output("a\nb\nfleet-test-exec-end 7-1 3\n", "warn\n"),
+            output(
+                "a\nb\nfleet-test-exec-end 7-1 3",
+                "\nfleet-test-exec-end 7-1\n",
+            ),
+            output(
+                "a\nb\nfleet-test-exec-end 7-2 3\n",
+                "\nfleet-test-exec-end 7-1\n",
+            ),
+        ] {
+            assert!(exec_trailed(&lost, "7-1").is_none(), "{lost:?}");
+        }
+    }
+
+    #[test]
+    fn exec_output_is_exact_and_can_be_read_again_until_the_next_exec() {
+        let c = SystemdContainer::boot();
+        let out = c.exec(&[
+            "sh",
+            "-c",
+            "printf 'no newline'; printf 'why\\n' >&2; exit 3",
+        ]);
+        assert_eq!(
+            (out.code, out.stdout.as_str(), out.stderr.as_str()),
+            (Some(3), "no newline", "why\n")
+        );
+        let big = c.exec_ok(&["sh", "-c", "head -c 1000000 /dev/zero | tr '\\0' x"]);
+        assert_eq!(big.len(), 1_000_000);
+        assert!(big.bytes().all(|b| b == b'x'));
+
+        // What a lost output is read back from, and when it goes.
+        let (id, _) = c.exec_run(&["echo", "kept"], EXEC_TIMEOUT);
+        let again = exec_trailed(&c.exec_replay(&id), &id).expect("read again");
+        assert_eq!((again.code, again.stdout.as_str()), (Some(0), "kept\n"));
+        lock(&c.exec_done).push(id.clone());
+        c.exec_ok(&["true"]);
+        let files = c.exec_ok(&["ls", EXEC_DIR]);
+        assert!(!files.contains(&format!("{id}.")), "{files}");
     }
 
     #[test]
