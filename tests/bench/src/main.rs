@@ -177,8 +177,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let table = run(&args);
-    let md = table.render(&header());
+    let (table, times) = run(&args);
+    let md = table.render(&format!("{}\n\n{}", header(), times.summary()));
     println!("\n{md}");
     let out = bins::target_dir().join("bench");
     let path = out.join("last-run.md");
@@ -203,12 +203,68 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn run(args: &Args) -> Table {
+/// How long each section of a run took: where the time of `make bench`
+/// goes, to keep it within its budget.
+#[derive(Default)]
+struct SectionTimes {
+    started: Option<std::time::Instant>,
+    done: Vec<(String, Duration)>,
+}
+
+impl SectionTimes {
+    fn start() -> Self {
+        Self {
+            started: Some(std::time::Instant::now()),
+            done: Vec::new(),
+        }
+    }
+
+    /// Records `section` as ending now (it began where the last one ended).
+    fn lap(&mut self, section: &str) {
+        let now = std::time::Instant::now();
+        let begun = self.started.unwrap_or(now);
+        let before: Duration = self.done.iter().map(|(_, d)| *d).sum();
+        let took = now.saturating_duration_since(begun).saturating_sub(before);
+        self.done.push((section.to_owned(), took));
+    }
+
+    fn summary(&self) -> String {
+        let total: Duration = self.done.iter().map(|(_, d)| *d).sum();
+        let parts: Vec<String> = self
+            .done
+            .iter()
+            .map(|(s, d)| format!("{s} {}", minutes(*d)))
+            .collect();
+        format!(
+            "Time: {} in all ({}).",
+            minutes(total),
+            if parts.is_empty() {
+                "no section run".to_owned()
+            } else {
+                parts.join(", ")
+            }
+        )
+    }
+}
+
+/// `1 min 05 s`, or `12 s` under a minute.
+fn minutes(d: Duration) -> String {
+    let s = d.as_secs();
+    if s < 60 {
+        format!("{s} s")
+    } else {
+        format!("{} min {:02} s", s / 60, s % 60)
+    }
+}
+
+fn run(args: &Args) -> (Table, SectionTimes) {
     let mut table = Table::default();
+    let mut times = SectionTimes::start();
     if args.has("sizes") {
         for row in bins::size_rows() {
             table.push(row);
         }
+        times.lap("sizes");
     }
     if args.has("device") || args.has("download") {
         let ca = TestCa::new();
@@ -226,6 +282,7 @@ fn run(args: &Args) -> Table {
                 };
                 device_section(args, &mut table, u, build);
             }
+            times.lap("device");
         }
         if args.has("download") {
             let artifact = Artifact::random();
@@ -234,6 +291,7 @@ fn run(args: &Args) -> Table {
             {
                 table.push(row);
             }
+            times.lap("download");
         }
     }
     if args.has("fleet") {
@@ -242,16 +300,19 @@ fn run(args: &Args) -> Table {
                 table.push(row);
             }
         }
+        times.lap("fleet");
     }
     if args.has("rollout") {
         for row in rollout::rollout_rows(args.rollout) {
             table.push(row);
         }
+        times.lap("rollout");
     }
     if args.has("cutover") {
         for row in cutover::cutover_rows(args.cutover_runs) {
             table.push(row);
         }
+        times.lap("cutover");
     }
     if args.has("scale") {
         for v in &args.scale_nats {
@@ -259,8 +320,9 @@ fn run(args: &Args) -> Table {
                 table.push(row);
             }
         }
+        times.lap("scale");
     }
-    table
+    (table, times)
 }
 
 /// One agent of `build` with 20 workloads and the idle updater of the same
@@ -431,6 +493,27 @@ mod tests {
 
     fn parse(v: &[&str]) -> Result<Args, String> {
         Args::parse(v.iter().map(|s| (*s).to_owned()))
+    }
+
+    #[test]
+    fn section_times_add_up_and_read_as_minutes() {
+        assert_eq!(minutes(Duration::from_secs(12)), "12 s");
+        assert_eq!(minutes(Duration::from_secs(65)), "1 min 05 s");
+        let t = SectionTimes {
+            started: None,
+            done: vec![
+                ("sizes".to_owned(), Duration::from_secs(3)),
+                ("scale".to_owned(), Duration::from_secs(600)),
+            ],
+        };
+        assert_eq!(
+            t.summary(),
+            "Time: 10 min 03 s in all (sizes 3 s, scale 10 min 00 s)."
+        );
+        assert_eq!(
+            SectionTimes::default().summary(),
+            "Time: 0 s in all (no section run)."
+        );
     }
 
     #[test]
