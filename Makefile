@@ -140,7 +140,7 @@ demo: deps build
 # cutover::NEXT_VERSION); built in its own target dir so the release build
 # of the workspace stays as it is.
 BENCH_NEXT_VERSION := 0.2.0-bench
-## bench: every DESIGN.md target measured on release builds (the shipped static musl daemons; glibc beside) with a baseline from the same run (markdown table, also in target/bench/last-run.md; ~7 min). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
+## bench: every DESIGN.md target measured on release builds (the shipped static musl daemons; glibc beside) with a baseline from the same run (markdown table, also in target/bench/last-run.md; ~20 min, 16 of them the scale section). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
 # The daemons measured against the targets are the amd64 package's (static
 # musl, DEVICE_TRIPLE_amd64); the glibc release build of the workspace is
 # measured beside them.
