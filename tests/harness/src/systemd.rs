@@ -720,6 +720,25 @@ impl SystemdContainer {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
         let done = std::mem::take(&mut *lock(&self.exec_done)).join(" ");
+        let out = self.exec_script("run", &id, &done, args, timeout);
+        (id, out)
+    }
+
+    /// Prints again what the exec `id` left in [`EXEC_DIR`].
+    fn exec_replay(&self, id: &str) -> Output {
+        self.exec_script("replay", id, "", &[], PODMAN_TIMEOUT)
+    }
+
+    /// [`EXEC_SCRIPT`] in `mode` for the exec `id`, removing the files of
+    /// the execs `done` (space-separated ids) first.
+    fn exec_script(
+        &self,
+        mode: &str,
+        id: &str,
+        done: &str,
+        args: &[&str],
+        timeout: Duration,
+    ) -> Output {
         let mut wrapped = vec![
             "sh",
             "-c",
@@ -727,31 +746,12 @@ impl SystemdContainer {
             "sh",
             EXEC_DIR,
             EXEC_TRAILER,
-            "run",
-            &id,
-            &done,
+            mode,
+            id,
+            done,
         ];
         wrapped.extend_from_slice(args);
-        let out = self.exec_raw(&wrapped, timeout);
-        (id, out)
-    }
-
-    /// Prints again what the exec `id` left in [`EXEC_DIR`].
-    fn exec_replay(&self, id: &str) -> Output {
-        self.exec_raw(
-            &[
-                "sh",
-                "-c",
-                EXEC_SCRIPT,
-                "sh",
-                EXEC_DIR,
-                EXEC_TRAILER,
-                "replay",
-                id,
-                "",
-            ],
-            PODMAN_TIMEOUT,
-        )
+        self.exec_raw(&wrapped, timeout)
     }
 
     /// One `podman exec`, as is.
