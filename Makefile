@@ -69,27 +69,36 @@ build:
 ## (release, static musl: DEVICE_TRIPLE_amd64), in their own target dir so
 ## the package's build is left as it is. The version is
 ## fleet_harness::UPGRADE_TEST_VERSION.
-UPGRADE_TEST_VERSION := 0.2.0-upgrade-test
+UPGRADE_TEST_VERSION := 0.3.0-upgrade-test
 TEST_AGENTS := $(TARGET_DIR)/test-agents
 TEST_AGENTS_BUILD := $(TARGET_DIR)/test-agents-build
 TEST_AGENTS_BIN := $(TEST_AGENTS_BUILD)/$(DEVICE_TRIPLE_amd64)/release
 TEST_AGENT_SOURCES := $(shell find agent/src common/src updater/src -name '*.rs') \
 	agent/Cargo.toml common/Cargo.toml updater/Cargo.toml Cargo.lock
-# The agent devices in the field run: 0.1.0, the last release of the
-# generation-1 protocol (a consumer per device), built from the commit that
-# shipped it, for the mixed-fleet tests (an upgrade from it, served by
-# today's server config), in a source tree and target dir of its own.
+# The agents devices in the field run, each built from the commit that
+# shipped it, in a source tree and target dir of its own: 0.1.0, the last
+# release of the generation-1 protocol (a consumer per device), and 0.2.0,
+# the first of generation 2 (Direct Get and republished keys, a heartbeat
+# write every 30 s, workload specs without health probes). The mixed-fleet
+# tests run them against today's server config and fleetctl.
 RELEASED_AGENT_VERSION := 0.1.0
 RELEASED_AGENT_COMMIT := 6e73add4baa2f2fa1ce491cc2701e5d9187c6c95
+RELEASED_AGENT_0_2_VERSION := 0.2.0
+RELEASED_AGENT_0_2_COMMIT := 06df2a6f5687376036476fa8177fc7550fbe6e3b
 test-agents: $(TEST_AGENTS)/fleet-agent-$(UPGRADE_TEST_VERSION) $(TEST_AGENTS)/fleet-updater \
-	$(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_VERSION)
+	$(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_VERSION) $(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_0_2_VERSION)
 
-$(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_VERSION):
-	mkdir -p $(TEST_AGENTS) $(TARGET_DIR)/released
-	rm -rf $(TARGET_DIR)/released/src && mkdir -p $(TARGET_DIR)/released/src
-	git archive $(RELEASED_AGENT_COMMIT) | tar -x -C $(TARGET_DIR)/released/src
-	cd $(TARGET_DIR)/released/src && $(CARGO) build --locked -p fleet-agent --target-dir $(abspath $(TARGET_DIR))/released/target
-	install -s -m 0755 $(TARGET_DIR)/released/target/debug/fleet-agent $@.tmp && mv $@.tmp $@
+# released-agent VERSION COMMIT: the debug agent built from that commit's tree.
+define released-agent
+$(TEST_AGENTS)/fleet-agent-$(1):
+	mkdir -p $(TEST_AGENTS) $(TARGET_DIR)/released-$(1)
+	rm -rf $(TARGET_DIR)/released-$(1)/src && mkdir -p $(TARGET_DIR)/released-$(1)/src
+	git archive $(2) | tar -x -C $(TARGET_DIR)/released-$(1)/src
+	cd $(TARGET_DIR)/released-$(1)/src && $(CARGO) build --locked -p fleet-agent --target-dir $(abspath $(TARGET_DIR))/released-$(1)/target
+	install -s -m 0755 $(TARGET_DIR)/released-$(1)/target/debug/fleet-agent $$@.tmp && mv $$@.tmp $$@
+endef
+$(eval $(call released-agent,$(RELEASED_AGENT_VERSION),$(RELEASED_AGENT_COMMIT)))
+$(eval $(call released-agent,$(RELEASED_AGENT_0_2_VERSION),$(RELEASED_AGENT_0_2_COMMIT)))
 
 $(TEST_AGENTS)/fleet-agent-$(UPGRADE_TEST_VERSION): $(TEST_AGENT_SOURCES)
 	mkdir -p $(TEST_AGENTS)
@@ -139,7 +148,7 @@ demo: deps build
 # The second agent version the cutover figure switches to (the bench's
 # cutover::NEXT_VERSION); built in its own target dir so the release build
 # of the workspace stays as it is.
-BENCH_NEXT_VERSION := 0.2.0-bench
+BENCH_NEXT_VERSION := 0.3.0-bench
 ## bench: every DESIGN.md target measured on release builds (the shipped static musl daemons; glibc beside) with a baseline from the same run (markdown table, also in target/bench/last-run.md; ~20 min, 16 of them the scale section). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
 # The daemons measured against the targets are the amd64 package's (static
 # musl, DEVICE_TRIPLE_amd64); the glibc release build of the workspace is

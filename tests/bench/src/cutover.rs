@@ -30,7 +30,7 @@ use crate::bins::target_dir;
 use crate::report::{Row, Verdict};
 
 /// The version the second release agent is built as (`make bench`).
-pub const NEXT_VERSION: &str = "0.2.0-bench";
+pub const NEXT_VERSION: &str = "0.3.0-bench";
 const DEVICE: &str = "bench-sd";
 const UNIT: &str = "fleet-agent.service";
 /// The agent reaching NATS and READY in the container on a loaded machine.

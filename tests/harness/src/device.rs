@@ -13,11 +13,16 @@ use tempfile::TempDir;
 
 /// The version the second agent build of `make test-agents` is compiled
 /// as (the Makefile's `UPGRADE_TEST_VERSION`).
-pub const UPGRADE_TEST_VERSION: &str = "0.2.0-upgrade-test";
+pub const UPGRADE_TEST_VERSION: &str = "0.3.0-upgrade-test";
 /// The released agent devices in the field run (generation-1 protocol),
 /// built from the commit that shipped it by `make test-agents` (the
 /// Makefile's `RELEASED_AGENT_VERSION`).
 pub const RELEASED_AGENT_VERSION: &str = "0.1.0";
+/// The released agent of the generation-2 protocol (one desired document
+/// read by Direct Get, a heartbeat write every 30 s, specs without health
+/// probes), built from the commit that shipped it by `make test-agents`
+/// (the Makefile's `RELEASED_AGENT_0_2_VERSION`).
+pub const RELEASED_AGENT_0_2_VERSION: &str = "0.2.0";
 
 fn test_build(name: &str) -> PathBuf {
     let path = crate::target_dir().join("test-agents").join(name);

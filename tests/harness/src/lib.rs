@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 pub use builds::{device_deb, packages_dir, target_dir, workspace_version};
 pub use callout::{CalloutNats, CALLOUT_PASSWORD};
 pub use device::{
-    device_root, test_agent_path, test_updater_path, DeviceRoot, RELEASED_AGENT_VERSION,
-    UPGRADE_TEST_VERSION,
+    device_root, test_agent_path, test_updater_path, DeviceRoot, RELEASED_AGENT_0_2_VERSION,
+    RELEASED_AGENT_VERSION, UPGRADE_TEST_VERSION,
 };
 pub use https::{
     Behavior, HttpServer, HttpsServer, Request, ResponseSpec, TestCa, DEFAULT_LEAF_NAMES,
