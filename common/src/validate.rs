@@ -226,10 +226,7 @@ impl Version {
     /// The leading `MAJOR.MINOR.PATCH` numbers, if the version starts with
     /// them (`0.3.0`, `0.3.0-upgrade-test`, `1.4.0+build.1`).
     pub fn release(&self) -> Option<(u64, u64, u64)> {
-        let end = self
-            .0
-            .find(['-', '+'])
-            .unwrap_or(self.0.len());
+        let end = self.0.find(['-', '+']).unwrap_or(self.0.len());
         let mut it = self.0[..end].split('.').map(|n| n.parse::<u64>().ok());
         match (it.next(), it.next(), it.next(), it.next()) {
             (Some(Some(a)), Some(Some(b)), Some(Some(c)), None) => Some((a, b, c)),

@@ -1201,7 +1201,7 @@ fn workload_spec_health_refusals() {
             "path starts with '/'",
         ),
         (
-            format!(r#"{{"image":"x","health":{{"probe":{{"kind":"exec","command":[]}}}}}}"#),
+            r#"{"image":"x","health":{"probe":{"kind":"exec","command":[]}}}"#.to_owned(),
             "needs a command",
         ),
         (
@@ -1219,11 +1219,11 @@ fn workload_spec_health_refusals() {
             "at most 1024 characters",
         ),
         (
-            format!(r#"{{"image":"x","health":{{"probe":{{"kind":"shell","command":"true"}}}}}}"#),
+            r#"{"image":"x","health":{"probe":{"kind":"shell","command":"true"}}}"#.to_owned(),
             "not valid JSON",
         ),
         (
-            format!(r#"{{"image":"x","health":{{"probe":{{"kind":"tcp","port":1,"extra":1}}}}}}"#),
+            r#"{"image":"x","health":{"probe":{"kind":"tcp","port":1,"extra":1}}}"#.to_owned(),
             "not valid JSON",
         ),
         (
