@@ -2,7 +2,8 @@
 //!
 //! Steps of [`connect`]: with the `oauth2-client-credentials` method, get a
 //! bearer token from the identity provider ([`crate::oauth`]); build the
-//! client options from the config (auth, TLS, a small reconnect buffer);
+//! client options from the config ([`super::options`]: auth, TLS, a small
+//! reconnect buffer, the PING interval);
 //! run one connection attempt on a helper thread and wait for it at most
 //! [`NATS_CONNECT_ATTEMPT_TIMEOUT`] (the crate's own TCP connect and
 //! handshake have no timeout); retry with a growing delay until the window
@@ -11,15 +12,16 @@
 //! dispatcher.
 //!
 //! While running, the crate reconnects by itself. Every reconnect bumps
-//! [`Nats::generation`], which tells the consumers to start over: their
-//! in-memory JetStream consumers may be gone with a restarted server.
+//! [`Nats::generation`], which tells the watchers ([`super::watch`]) to
+//! subscribe again on the new connection and read their keys again: a
+//! change republished while the link was down never arrived.
 //!
 //! With a bearer token the connection cannot live longer than the token:
 //! the user the auth callout issues expires with it, the server then
 //! closes the connection, and the crate's own reconnect presents the old
 //! token again (its token is fixed when the connection is made; the crate
 //! has no token callback). So the daemon's connection is a [`Link`] that
-//! the renewer thread (`agent-nats-renew`) replaces:
+//! the renewer thread (`agent-nats-renew`, [`super::renew`]) replaces:
 //!
 //! 1. at the token's refresh time (a quarter of its life before expiry),
 //!    it gets a fresh token and opens a new link with it;
@@ -28,7 +30,7 @@
 //!    expired, or the servers down), it opens a new link with the kept
 //!    token while that is valid, else (and always after a refusal) a new one;
 //! 3. it makes the new link current and bumps the generation, so every
-//!    consumer starts over on it exactly as after a reconnect; requests in
+//!    watcher starts over on it exactly as after a reconnect; requests in
 //!    flight on the old link finish (at most [`RETIRE_WAIT`]) before it is
 //!    closed.
 //!
@@ -49,25 +51,18 @@ use fleet_common::limits::{NATS_CONNECT_ATTEMPT_TIMEOUT, NATS_REQUEST_TIMEOUT};
 use fleet_common::validate::DeviceId;
 
 use super::inbox::{Inbox, RequestError};
+use super::options::{is_auth_message, options};
+use super::renew::Renewer;
 use crate::config::{NatsAuth, NatsConfig};
 use crate::oauth::{AccessToken, TokenClient, TokenError, TokenSource};
 use crate::shutdown::Shutdown;
 
-/// Bytes of publishes the client buffers while disconnected. The agent
-/// waits for an ack on every write, so little needs buffering; the
-/// crate's default (8 MiB) would be most of the memory budget.
-const RECONNECT_BUFFER_BYTES: usize = 64 * 1024;
 /// First delay between connection attempts at start; doubles up to
 /// [`MAX_RETRY_DELAY`].
 const FIRST_RETRY_DELAY: Duration = Duration::from_secs(1);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(15);
-/// The trust list given to the crate when TLS is not used: empty.
-const NO_TLS_ROOTS: &str = "/dev/null";
-/// First and longest delay between reconnect attempts to one server.
-const RECONNECT_FIRST_DELAY: Duration = Duration::from_millis(100);
-const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(5);
 /// Bound on closing the connection.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Stack of the short-lived thread running one connection attempt.
 const CONNECT_THREAD_STACK_BYTES: usize = 256 * 1024;
 /// Reconnect attempts per server the crate makes on a bearer-token link
@@ -78,11 +73,6 @@ const CONNECT_THREAD_STACK_BYTES: usize = 256 * 1024;
 pub const BEARER_CRATE_RECONNECTS: usize = 3;
 /// Requests in flight on a replaced link finish within their own bound.
 pub const RETIRE_WAIT: Duration = NATS_REQUEST_TIMEOUT;
-/// First and longest delay between failed renewals (token or connection).
-const RENEW_FIRST_DELAY: Duration = Duration::from_secs(1);
-const RENEW_MAX_DELAY: Duration = Duration::from_secs(60);
-/// How often a replaced link is checked for requests still in flight.
-const RETIRE_POLL: Duration = Duration::from_millis(20);
 /// How long closing waits for the renewer (it may be inside a bounded
 /// token request or connection attempt; process exit ends it then).
 const RENEWER_JOIN_TIMEOUT: Duration = Duration::from_millis(200);
@@ -101,37 +91,37 @@ pub enum Reconnect {
 
 /// What the renewer is woken for.
 #[derive(Debug, Default)]
-struct Events {
+pub(super) struct Events {
     /// The highest link id whose connection closed (the crate stopped
     /// reconnecting); the current link is lost when it is its id.
-    lost: u64,
+    pub(super) lost: u64,
     /// The server refused or expired the current link's credentials.
-    refused: bool,
+    pub(super) refused: bool,
     /// [`Nats::close`]: stop.
-    stop: bool,
+    pub(super) stop: bool,
 }
 
 /// Connection events, updated by the client's callbacks. Only the
 /// callbacks of the current link count; a replaced link's are ignored.
 #[derive(Debug, Default)]
 pub struct ConnState {
-    generation: AtomicU64,
-    connected: AtomicBool,
+    pub(super) generation: AtomicU64,
+    pub(super) connected: AtomicBool,
     /// Set by [`Nats::close`]: the disconnect that follows is expected.
-    closing: AtomicBool,
+    pub(super) closing: AtomicBool,
     /// When the connection was lost; `None` while connected.
     disconnected_at: Mutex<Option<Instant>>,
     /// The id of the current [`Link`] (0: none yet).
-    current: AtomicU64,
+    pub(super) current: AtomicU64,
     /// The id of the last link made.
     last_link: AtomicU64,
     last_server_error: Mutex<Option<String>>,
     events: Mutex<Events>,
-    wake: Condvar,
+    pub(super) wake: Condvar,
 }
 
 impl ConnState {
-    fn set_error(&self, e: String) {
+    pub(super) fn set_error(&self, e: String) {
         *self
             .last_server_error
             .lock()
@@ -140,7 +130,7 @@ impl ConnState {
 
     /// Records the connection going up or down; the time of loss is kept
     /// from the first disconnect until the connection is back.
-    fn set_connected(&self, up: bool) {
+    pub(super) fn set_connected(&self, up: bool) {
         let was_up = self.connected.swap(up, Ordering::SeqCst);
         let mut at = self
             .disconnected_at
@@ -162,7 +152,7 @@ impl ConnState {
             .take()
     }
 
-    fn is_current(&self, link: u64) -> bool {
+    pub(super) fn is_current(&self, link: u64) -> bool {
         self.current.load(Ordering::SeqCst) == link
     }
 
@@ -170,28 +160,28 @@ impl ConnState {
         self.last_link.fetch_add(1, Ordering::SeqCst) + 1
     }
 
-    fn events(&self) -> MutexGuard<'_, Events> {
+    pub(super) fn events(&self) -> MutexGuard<'_, Events> {
         self.events.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn signal(&self, f: impl FnOnce(&mut Events)) {
+    pub(super) fn signal(&self, f: impl FnOnce(&mut Events)) {
         f(&mut self.events());
         self.wake.notify_all();
     }
 }
 
 /// One connection and the inbox on it.
-struct Link {
-    id: u64,
+pub(super) struct Link {
+    pub(super) id: u64,
     /// Never dropped while it may still be running: dropping the crate's
     /// last handle leaves its thread reconnecting while no server answers
     /// (its reconnect loop does not check for close). [`Nats::close`] and
     /// the renewer close it with a bound instead, and process exit
     /// releases the socket.
-    conn: ManuallyDrop<nats::Connection>,
-    inbox: Inbox,
+    pub(super) conn: ManuallyDrop<nats::Connection>,
+    pub(super) inbox: Inbox,
     /// When to replace it with one on a fresh token (bearer tokens only).
-    renew_at: Option<Instant>,
+    pub(super) renew_at: Option<Instant>,
 }
 
 impl fmt::Debug for Link {
@@ -203,25 +193,37 @@ impl fmt::Debug for Link {
     }
 }
 
+/// The NATS client's PINGs (`intervals.ping-secs`,
+/// `intervals.ping-max-outstanding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pings {
+    /// A PING after this long without a word from the server, and between
+    /// unanswered ones.
+    pub interval: Duration,
+    /// Unanswered PINGs before the connection is taken as dead.
+    pub max_out: u8,
+}
+
 /// What every link of one agent is made from.
-struct Params {
-    cfg: NatsConfig,
-    device: DeviceId,
-    mode: Reconnect,
+pub(super) struct Params {
+    pub(super) cfg: NatsConfig,
+    pub(super) device: DeviceId,
+    pub(super) mode: Reconnect,
+    pub(super) pings: Pings,
     /// The identity provider's tokens (`oauth2-client-credentials` only).
-    tokens: Option<TokenSource>,
-    servers: String,
+    pub(super) tokens: Option<TokenSource>,
+    pub(super) servers: String,
 }
 
 /// What the agent's threads and the renewer share.
-struct Shared {
-    params: Params,
-    state: Arc<ConnState>,
-    link: RwLock<Arc<Link>>,
+pub(super) struct Shared {
+    pub(super) params: Params,
+    pub(super) state: Arc<ConnState>,
+    pub(super) link: RwLock<Arc<Link>>,
 }
 
 impl Shared {
-    fn link(&self) -> Arc<Link> {
+    pub(super) fn link(&self) -> Arc<Link> {
         Arc::clone(&self.link.read().unwrap_or_else(|p| p.into_inner()))
     }
 }
@@ -405,133 +407,6 @@ impl fmt::Display for NatsError {
 
 impl std::error::Error for NatsError {}
 
-/// The client options of link `link`; `token` is the bearer token of the
-/// `oauth2-client-credentials` method.
-fn options(
-    p: &Params,
-    state: &Arc<ConnState>,
-    token: Option<&AccessToken>,
-    link: u64,
-) -> nats::Options {
-    let cfg = &p.cfg;
-    let o = match (&cfg.auth, token) {
-        (NatsAuth::UserPassword { user, password }, _) => {
-            nats::Options::with_user_pass(user, password.expose())
-        }
-        (NatsAuth::Token(t), _) => nats::Options::with_token(t.expose()),
-        (NatsAuth::Creds(path), _) => nats::Options::with_credentials(path),
-        (NatsAuth::OAuth2(_), Some(t)) => nats::Options::with_token(t.token.expose()),
-        // `OAuth2` without a token is not reached: every link of that
-        // method is made with one (and the server would refuse none).
-        (NatsAuth::None | NatsAuth::TlsCertificate | NatsAuth::OAuth2(_), _) => {
-            nats::Options::new()
-        }
-    };
-    // A bearer-token link gives up after a few reconnects and the renewer
-    // makes the next one (see the module documentation).
-    let renewed = matches!(cfg.auth, NatsAuth::OAuth2(_)) && p.mode == Reconnect::Forever;
-    let mut o = o
-        .with_name(&format!("fleet-agent {}", p.device))
-        .no_echo()
-        .reconnect_buffer_size(RECONNECT_BUFFER_BYTES)
-        .max_reconnects(match p.mode {
-            Reconnect::Forever if renewed => Some(BEARER_CRATE_RECONNECTS),
-            Reconnect::Forever => None,
-            Reconnect::Once => Some(1),
-        });
-    let tls_urls = cfg.servers.iter().any(|s| s.starts_with("tls://"));
-    if cfg.tls.is_none() && !tls_urls {
-        // No TLS at all: an empty trust list, so the crate does not parse
-        // every system CA (about 150) into memory at each connection.
-        o = o.add_root_certificate(NO_TLS_ROOTS);
-    }
-    if let Some(tls) = &cfg.tls {
-        o = o.tls_required(true);
-        if let Some(ca) = &tls.ca_file {
-            o = o.add_root_certificate(ca);
-        }
-        if let Some(c) = &tls.client_cert {
-            o = o.client_cert(&c.cert_file, &c.key_file);
-        }
-    }
-    let s = Arc::clone(state);
-    let o = o.disconnect_callback(move || {
-        if !s.is_current(link) {
-            return;
-        }
-        s.set_connected(false);
-        if !s.closing.load(Ordering::SeqCst) {
-            log::warn!("NATS connection lost; reconnecting");
-        }
-    });
-    let s = Arc::clone(state);
-    let o = o.reconnect_callback(move || {
-        if !s.is_current(link) {
-            return;
-        }
-        s.set_connected(true);
-        let g = s.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        log::info!(reconnect = g; "NATS reconnected; consumers start over");
-    });
-    let s = Arc::clone(state);
-    let o = o.error_callback(move |e| {
-        let e = e.to_string();
-        if !s.is_current(link) {
-            log::debug!("NATS server error on a replaced connection: {e}");
-            return;
-        }
-        log::warn!("NATS server error: {e}");
-        if is_auth_message(&e) {
-            s.signal(|ev| ev.refused = true);
-        }
-        s.set_error(e);
-    });
-    let s = Arc::clone(state);
-    o.close_callback(move || {
-        if s.closing.load(Ordering::SeqCst) {
-            log::debug!("NATS connection closed");
-            return;
-        }
-        // Recorded for links not yet current too: the renewer checks the
-        // link it just made.
-        s.signal(|ev| ev.lost = ev.lost.max(link));
-        if s.is_current(link) {
-            s.set_connected(false);
-            if renewed {
-                log::warn!("NATS connection closed after {BEARER_CRATE_RECONNECTS} reconnect attempts per server; connecting anew");
-            }
-        }
-    })
-    .reconnect_delay_callback(reconnect_delay)
-}
-
-/// Delay before a connection attempt to a server that already failed
-/// `attempts` times in a row: none for the first (the crate's default
-/// sleeps up to 1 s even then), then 100 ms doubling to 5 s, plus up to a
-/// quarter more at random so a fleet does not reconnect in step.
-pub fn reconnect_delay(attempts: usize) -> Duration {
-    if attempts == 0 {
-        return Duration::ZERO;
-    }
-    let doublings = u32::try_from(attempts - 1).unwrap_or(u32::MAX).min(6);
-    let base = (RECONNECT_FIRST_DELAY * 2u32.pow(doublings)).min(RECONNECT_MAX_DELAY);
-    with_jitter(base)
-}
-
-/// `base` plus up to a quarter more, at random.
-fn with_jitter(base: Duration) -> Duration {
-    let quarter = u64::try_from(base.as_millis() / 4).unwrap_or(0);
-    let jitter = uuid::Uuid::new_v4().as_u64_pair().0 % quarter.saturating_add(1);
-    base + Duration::from_millis(jitter)
-}
-
-fn is_auth_message(m: &str) -> bool {
-    let m = m.to_ascii_lowercase();
-    m.contains("authorization violation")
-        || m.contains("authentication")
-        || m.contains("user authentication expired")
-}
-
 /// One connection attempt for link `link`, bounded by `timeout`. An attempt
 /// that outlives its bound is abandoned: its thread ends when the crate
 /// gives up, and a late connection is dropped (closed) because nobody
@@ -562,7 +437,7 @@ fn attempt(
 }
 
 /// Why one try at a link failed.
-enum LinkError {
+pub(super) enum LinkError {
     /// No token from the identity provider.
     Token(TokenError),
     /// The server refused the credentials.
@@ -581,7 +456,7 @@ impl fmt::Display for LinkError {
 
 /// Connects a new link with `token` (when the method uses one) within
 /// `timeout` and starts its inbox.
-fn open_link(
+pub(super) fn open_link(
     p: &Params,
     state: &Arc<ConnState>,
     token: Option<AccessToken>,
@@ -615,7 +490,7 @@ fn open_link(
 
 /// Closes `conn` on a helper thread within [`CLOSE_TIMEOUT`]; false when it
 /// did not close (it is then left to process exit).
-fn close_bounded(conn: nats::Connection) -> bool {
+pub(super) fn close_bounded(conn: nats::Connection) -> bool {
     crate::threads::call_within("agent-nats-close", CLOSE_TIMEOUT, move || conn.close()).is_some()
 }
 
@@ -625,6 +500,7 @@ pub fn connect(
     cfg: &NatsConfig,
     device: &DeviceId,
     mode: Reconnect,
+    pings: Pings,
     window: Duration,
     shutdown: &Shutdown,
 ) -> Result<Nats, NatsError> {
@@ -638,6 +514,7 @@ pub fn connect(
         cfg: cfg.clone(),
         device: device.clone(),
         mode,
+        pings,
         tokens,
         servers: cfg.servers.join(", "),
     };
@@ -704,221 +581,4 @@ pub fn connect(
         }
     }
     Ok(nats)
-}
-
-/// Why the renewer makes a new link.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Renewal {
-    /// The current link's token is due for renewal; the link still serves.
-    Due,
-    /// The current link closed (the crate stopped reconnecting).
-    Lost,
-    /// The server refused or expired the current link's token.
-    Refused,
-}
-
-/// The thread that replaces bearer-token links; see the module
-/// documentation.
-struct Renewer {
-    shared: Arc<Shared>,
-    /// The last renewal that failed, and when to try it again.
-    failed: Option<(Renewal, Instant)>,
-    delay: Duration,
-}
-
-impl Renewer {
-    fn new(shared: Arc<Shared>) -> Self {
-        Self {
-            shared,
-            failed: None,
-            delay: RENEW_FIRST_DELAY,
-        }
-    }
-
-    fn run(mut self) {
-        while let Some(why) = self.wait() {
-            match self.renew(why) {
-                Ok(()) => {
-                    self.failed = None;
-                    self.delay = RENEW_FIRST_DELAY;
-                }
-                Err(e) => {
-                    if self.failed.is_some_and(|(kind, _)| kind != why) {
-                        self.delay = RENEW_FIRST_DELAY;
-                    }
-                    let wait = with_jitter(self.delay);
-                    log::warn!(
-                        "renewing the NATS connection ({}): {e}; retrying in {} ms",
-                        why.describe(),
-                        wait.as_millis()
-                    );
-                    self.failed = Some((why, Instant::now() + wait));
-                    self.delay = (self.delay * 2).min(RENEW_MAX_DELAY);
-                }
-            }
-        }
-    }
-
-    /// Waits until a renewal is due; `None` when closing. A renewal that
-    /// failed is tried again after its delay; another one (the link lost
-    /// while a due renewal waits) at once.
-    fn wait(&self) -> Option<Renewal> {
-        let state = &self.shared.state;
-        let mut ev = state.events();
-        loop {
-            if ev.stop {
-                return None;
-            }
-            let link = self.shared.link();
-            let now = Instant::now();
-            let why = if ev.refused {
-                Some(Renewal::Refused)
-            } else if ev.lost >= link.id {
-                Some(Renewal::Lost)
-            } else if link.renew_at.is_some_and(|at| now >= at) {
-                Some(Renewal::Due)
-            } else {
-                None
-            };
-            let retry_at = self
-                .failed
-                .filter(|(kind, at)| Some(*kind) == why && now < *at)
-                .map(|(_, at)| at);
-            let until = match (why, retry_at) {
-                (Some(why), None) => return Some(why),
-                (_, Some(at)) => at,
-                (None, None) => link.renew_at.unwrap_or(now + RENEW_MAX_DELAY),
-            };
-            ev = state
-                .wake
-                .wait_timeout(ev, until.saturating_duration_since(now))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
-
-    /// Gets a token, opens a link with it, makes it current and retires the
-    /// old one.
-    fn renew(&self, why: Renewal) -> Result<(), LinkError> {
-        let p = &self.shared.params;
-        let state = &self.shared.state;
-        let Some(tokens) = &p.tokens else {
-            return Ok(());
-        };
-        let now = Instant::now();
-        let token = match why {
-            Renewal::Refused => {
-                tokens.invalidate();
-                tokens.fresh(now)
-            }
-            // A renewal that fails leaves the current link serving.
-            Renewal::Due => tokens.fresh(now),
-            // The link is gone: the kept token while it is valid.
-            Renewal::Lost => tokens.token(now),
-        }
-        .map_err(LinkError::Token)?;
-        let link = match open_link(p, state, Some(token), NATS_CONNECT_ATTEMPT_TIMEOUT) {
-            Ok(l) => l,
-            Err(LinkError::Auth(e)) => {
-                // The next try asks for a new token.
-                tokens.invalidate();
-                return Err(LinkError::Auth(e));
-            }
-            Err(e) => return Err(e),
-        };
-        let id = link.id;
-        let (old, old_connected) = {
-            let mut slot = self.shared.link.write().unwrap_or_else(|p| p.into_inner());
-            if state.closing.load(Ordering::SeqCst) {
-                drop(slot);
-                link.inbox.stop();
-                close_bounded(ManuallyDrop::into_inner(link.conn));
-                return Ok(());
-            }
-            state.current.store(id, Ordering::SeqCst);
-            let was = state.connected.load(Ordering::SeqCst);
-            state.set_connected(true);
-            (std::mem::replace(&mut *slot, Arc::new(link)), was)
-        };
-        state.signal(|ev| ev.refused = false);
-        let g = state.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        log::info!(link = id, reconnect = g; "NATS connection renewed ({}); consumers start over", why.describe());
-        // A refused link is going down even if no callback said so yet.
-        retire(old, old_connected && why == Renewal::Due);
-        Ok(())
-    }
-}
-
-impl Renewal {
-    fn describe(self) -> &'static str {
-        match self {
-            Self::Due => "token due for renewal",
-            Self::Lost => "connection closed",
-            Self::Refused => "token refused by the server",
-        }
-    }
-}
-
-/// Lets requests in flight on a replaced link finish (at most
-/// [`RETIRE_WAIT`]), stops its inbox and ends it: a connected link is
-/// closed (quick); one that is down is dropped, because closing waits for
-/// a reconnect that will not come. A dropped link's thread ends once the
-/// crate's few reconnect attempts fail.
-fn retire(old: Arc<Link>, connected: bool) {
-    let deadline = Instant::now() + RETIRE_WAIT;
-    let mut old = old;
-    let link = loop {
-        match Arc::try_unwrap(old) {
-            Ok(link) => break link,
-            Err(still) if Instant::now() >= deadline => {
-                log::warn!(
-                    "requests on the replaced NATS connection still pending after {} s; ending it",
-                    RETIRE_WAIT.as_secs()
-                );
-                still.inbox.stop();
-                if connected {
-                    close_bounded(nats::Connection::clone(&still.conn));
-                }
-                return;
-            }
-            Err(still) => {
-                old = still;
-                thread::sleep(RETIRE_POLL);
-            }
-        }
-    };
-    link.inbox.stop();
-    let id = link.id;
-    let conn = ManuallyDrop::into_inner(link.conn);
-    if !connected {
-        drop(conn);
-        log::debug!(link = id; "replaced NATS connection dropped");
-    } else if close_bounded(conn) {
-        log::debug!(link = id; "replaced NATS connection closed");
-    } else {
-        log::warn!(
-            "the replaced NATS connection did not close within {} s; leaving it",
-            CLOSE_TIMEOUT.as_secs()
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reconnect_delays_grow_to_five_seconds_with_jitter() {
-        assert_eq!(reconnect_delay(0), Duration::ZERO);
-        let first = reconnect_delay(1);
-        assert!(
-            first >= Duration::from_millis(100) && first <= Duration::from_millis(125),
-            "{first:?}"
-        );
-        let late = reconnect_delay(50);
-        assert!(
-            late >= Duration::from_secs(5) && late <= Duration::from_millis(6250),
-            "{late:?}"
-        );
-    }
 }

@@ -4,7 +4,9 @@
 //! of DESIGN.md ("How a device talks to JetStream"):
 //!
 //! - [`connection`]: connecting (15 s per attempt, retried over a window),
-//!   reconnect tracking, and the [`Nats`] handle every thread shares.
+//!   reconnect tracking, and the [`Nats`] handle every thread shares;
+//!   `options` builds the client's options and callbacks, `renew` replaces
+//!   bearer-token links.
 //! - [`inbox`]: request/reply over one `_INBOX.<device>.<random>.*`
 //!   subscription, with a dispatcher thread routing replies to callers.
 //! - [`direct`]: reading one key of this device with Direct Get in the
@@ -18,9 +20,11 @@ pub mod connection;
 pub mod direct;
 pub mod inbox;
 pub mod kv;
+mod options;
+mod renew;
 pub mod watch;
 
-pub use connection::{connect, Nats, NatsError, Reconnect};
+pub use connection::{connect, Nats, NatsError, Pings, Reconnect};
 pub use direct::{read_key, KeyRead};
 pub use kv::PublishError;
 pub use watch::{WatchEvent, WatchHandle, Watcher};

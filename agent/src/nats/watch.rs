@@ -16,6 +16,14 @@
 //! retried with a growing delay; a value that fails validation is logged
 //! and the last good one kept: neither ever tears down a running workload.
 //!
+//! Noise: NATS checks the subject a client publishes to, never the reply
+//! subject it names, so any client may have the server deliver answers onto
+//! this device's republished subject. A message there without the
+//! republish headers, or republishing another key, is no change: it is
+//! counted and dropped (`Noise`), never read after and never logged one
+//! by one; a summary with the count is logged at most every
+//! [`NOISE_LOG_INTERVAL`].
+//!
 //! The value is handed over expanded into keys (`expand`): the document's
 //! workloads, or the one intent key. The first read and every re-read after
 //! a reconnect or resync hand over a [`WatchEvent::Snapshot`]; a change
@@ -46,6 +54,61 @@ const FIRST_RETRY_DELAY: Duration = Duration::from_secs(1);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
 /// How long stopping waits for the thread.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(3);
+/// At most one summary line of dropped noise per this long.
+pub const NOISE_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Messages on the watched subject that are not republished changes of the
+/// key: counted, summarised at most every [`NOISE_LOG_INTERVAL`].
+#[derive(Debug, Default)]
+struct Noise {
+    /// Dropped since the last summary.
+    unreported: u64,
+    /// Dropped since the watcher started.
+    total: u64,
+    /// Why the last one was dropped.
+    last_why: String,
+    last_summary: Option<Instant>,
+}
+
+impl Noise {
+    fn note(&mut self, why: String, now: Instant) -> Option<String> {
+        self.unreported += 1;
+        self.total += 1;
+        self.last_why = why;
+        self.summary(now)
+    }
+
+    /// The summary line when one is due (some unreported and none for an
+    /// interval).
+    fn summary(&mut self, now: Instant) -> Option<String> {
+        if self.unreported == 0
+            || self
+                .last_summary
+                .is_some_and(|t| now.duration_since(t) < NOISE_LOG_INTERVAL)
+        {
+            return None;
+        }
+        let line = format!(
+            "dropped {} messages that are not republished changes of this key ({} since start; last: {}): another client names this device's subject as its reply subject",
+            self.unreported, self.total, self.last_why
+        );
+        self.unreported = 0;
+        self.last_summary = Some(now);
+        Some(line)
+    }
+}
+
+/// What one message on the watched subject was.
+enum Change {
+    /// Applied, or not newer than the value held.
+    Done,
+    /// The receiver is gone.
+    Stop,
+    /// Applied, but changes before it never arrived: read the key.
+    Gap(String),
+    /// Not a republished change of this key (see [`Noise`]).
+    Noise(String),
+}
 
 /// Turns a key's value (`None`: absent) into the keys handed over, or says
 /// why the value is refused (the last good keys are then kept).
@@ -381,9 +444,13 @@ impl Watcher {
         let mut jitter = Jitter::new();
         let mut next_check = Instant::now() + jitter.around(self.check);
         let mut check_delay = FIRST_RETRY_DELAY;
+        let mut noise = Noise::default();
         loop {
             if self.shutdown.is_requested() {
                 return Ended::Stop;
+            }
+            if let Some(line) = noise.summary(Instant::now()) {
+                log::warn!(bucket = bucket, key = self.key; "{line}");
             }
             if self.nats.generation() != generation {
                 return Ended::Restart("NATS reconnected".to_owned());
@@ -427,24 +494,29 @@ impl Watcher {
                 }
             };
             match self.on_change(m, held, sink) {
-                Ok(true) => {}
-                Ok(false) => return Ended::Stop,
-                Err(why) => {
+                Change::Done => {}
+                Change::Stop => return Ended::Stop,
+                Change::Gap(why) => {
                     // Read again now: the next loop turn does the check.
                     log::warn!(bucket = bucket, key = self.key; "{why}; reading the key again");
                     next_check = Instant::now();
+                }
+                Change::Noise(why) => {
+                    if let Some(line) = noise.note(why, Instant::now()) {
+                        log::warn!(bucket = bucket, key = self.key; "{line}");
+                    }
                 }
             }
         }
     }
 
-    /// One republished message. `Err` asks for a read (a gap).
+    /// One message on the watched subject.
     fn on_change(
         &self,
         m: nats::Message,
         held: &mut Held,
         sink: &mut dyn FnMut(WatchEvent) -> bool,
-    ) -> Result<bool, String> {
+    ) -> Change {
         let bucket = self.bucket;
         let expected = kv_subject(bucket, &self.full_key());
         let headers = m.headers.as_ref();
@@ -452,21 +524,18 @@ impl Watcher {
             headers.and_then(|h| h.get(name)).map(String::as_str)
         }) {
             Ok(v) => v,
-            Err(e) => {
-                return Err(format!(
-                    "a republished message on {} is unreadable ({e})",
-                    m.subject
-                ))
-            }
+            Err(e) => return Change::Noise(format!("no republish headers ({e})")),
         };
         if version.subject != expected {
-            log::warn!(bucket = bucket; "dropping a republished change of {}: not this device's key {expected}", version.subject);
-            return Ok(true);
+            return Change::Noise(format!(
+                "a change of {}, not of {expected}",
+                bounded_text(version.subject.as_bytes(), MAX_LOG_TEXT_BYTES)
+            ));
         }
         let verdict = held.tracker.on_change(&version);
         if verdict == Verdict::Stale {
             log::debug!(bucket = bucket, key = self.key; "ignoring sequence {}: not newer than {}", version.seq, held.tracker.held());
-            return Ok(true);
+            return Change::Done;
         }
         let value = (!version.deleted).then_some(m.data);
         let ok = match (self.expand)(value) {
@@ -482,11 +551,12 @@ impl Watcher {
             }
         };
         match verdict {
-            Verdict::ApplyAfterGap { missed_after } if ok => Err(format!(
+            _ if !ok => Change::Stop,
+            Verdict::ApplyAfterGap { missed_after } => Change::Gap(format!(
                 "changes after sequence {missed_after} were not republished to this device (the newest, {}, was applied)",
                 version.seq
             )),
-            _ => Ok(ok),
+            _ => Change::Done,
         }
     }
 }
@@ -514,6 +584,32 @@ fn hand_over_changes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn noise_is_summarised_at_most_once_an_interval() {
+        let mut n = Noise::default();
+        let t0 = Instant::now();
+        let first = n
+            .note("no republish headers".into(), t0)
+            .expect("first summary");
+        assert!(first.starts_with("dropped 1 messages"), "{first}");
+        let mut lines = 0;
+        for i in 1..=1000u64 {
+            let at = t0 + Duration::from_millis(i * 59);
+            if n.note(format!("n{i}"), at).is_some() {
+                lines += 1;
+            }
+        }
+        // 59 s of noise at 17/s: no line before the interval ends.
+        assert_eq!(lines, 0);
+        let later = n
+            .summary(t0 + NOISE_LOG_INTERVAL)
+            .expect("a summary an interval later");
+        assert!(later.starts_with("dropped 1000 messages"), "{later}");
+        assert!(later.contains("1001 since start"), "{later}");
+        assert!(later.contains("last: n1000"), "{later}");
+        assert_eq!(n.summary(t0 + NOISE_LOG_INTERVAL * 3), None);
+    }
 
     #[test]
     fn a_change_is_handed_over_as_what_differs() {
