@@ -15,7 +15,7 @@
 //!     "tls": {"ca-file": "/etc/harmony-fleet/nats-ca.pem"}
 //!   },
 //!   "podman": {"enabled": true, "binary": "podman"},
-//!   "intervals": {"heartbeat-secs": 30, "resync-secs": 30, "check-secs": 300},
+//!   "intervals": {"keepalive-secs": 3600, "ping-secs": 200, "check-secs": 21600},
 //!   "root": "/"
 //! }
 //! ```
@@ -34,7 +34,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleet_common::durable::{self, DurableError};
-use fleet_common::limits::HEARTBEAT_INTERVAL;
+use fleet_common::limits::{
+    CHECK_INTERVAL, HEARTBEAT_INTERVAL, KEEPALIVE_INTERVAL, NATS_MAX_PINGS_OUT, NATS_PING_INTERVAL,
+    TRAFFIC_REPORT_INTERVAL,
+};
 use fleet_common::validate::{DeviceId, HttpsUrl, ValidationError};
 use fleet_common::Layout;
 use serde_json::{Map, Value};
@@ -67,12 +70,22 @@ pub const DEFAULTS: &str = "\
   podman.containers-conf      absent (CONTAINERS_CONF for every podman call)
   podman.pull-timeout-secs    300
   podman.command-timeout-secs 60
-  intervals.heartbeat-secs    30
+  intervals.heartbeat-secs    30  (how often the agent looks for a change in what its
+                              heartbeat carries, written at once when it changed; also
+                              the change freeze's disconnect window. Writes nothing by
+                              itself: agents before 0.3.0 wrote the heartbeat this often)
+  intervals.keepalive-secs    3600 (the heartbeat written anyway when nothing changed)
+  intervals.ping-secs         200 (NATS PING after this long without a word from the
+                              server, and between unanswered ones: keeps NAT mappings
+                              alive; the server's ping_interval should not be shorter)
+  intervals.ping-max-outstanding 2 (unanswered PINGs before the link is taken as dead:
+                              a silent link is detected within (this + 1) × ping-secs)
   intervals.resync-secs       30  (live containers checked: re-read when one's
                               process changed, and in full every 10th interval)
-  intervals.check-secs        300 (desired state and upgrade intent read again, ± a fifth,
-                              besides every republished change: bounds how long a lost
-                              last change can go unseen)
+  intervals.check-secs        21600 (desired state and upgrade intent read again, ± a
+                              fifth, besides every republished change: bounds how long a
+                              lost last change can go unseen)
+  intervals.traffic-secs      21600 (the traffic counters written, <device>.traffic)
   intervals.idle-heartbeat-secs accepted and ignored (agent 0.1.0's consumer heartbeat)
   root                        \"/\" (prefix of every managed path)";
 
@@ -189,10 +202,34 @@ pub enum PodmanMode {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Intervals {
+    /// How often the status thread looks for a change in what the heartbeat
+    /// carries; the change freeze's disconnect window.
     pub heartbeat: Duration,
+    /// The heartbeat written although nothing changed.
+    pub keepalive: Duration,
+    /// The NATS client's PING after this long without a word from the server.
+    pub ping: Duration,
+    /// Unanswered PINGs before the connection is taken as dead.
+    pub max_pings_out: u8,
     pub resync: Duration,
     /// The periodic backstop read of the keys the agent follows.
     pub check: Duration,
+    /// How often the traffic counters are written.
+    pub traffic: Duration,
+}
+
+impl Default for Intervals {
+    fn default() -> Self {
+        Self {
+            heartbeat: HEARTBEAT_INTERVAL,
+            keepalive: KEEPALIVE_INTERVAL,
+            ping: NATS_PING_INTERVAL,
+            max_pings_out: NATS_MAX_PINGS_OUT,
+            resync: Duration::from_secs(30),
+            check: CHECK_INTERVAL,
+            traffic: TRAFFIC_REPORT_INTERVAL,
+        }
+    }
 }
 
 /// The whole validated configuration.
@@ -405,28 +442,41 @@ impl Obj {
         min: u64,
         max: u64,
     ) -> Result<Duration, KeyError> {
+        self.whole(key, default, min, max, "seconds")
+            .map(Duration::from_secs)
+    }
+
+    /// A whole number of `unit` in `min..=max`.
+    fn whole(
+        &mut self,
+        key: &'static str,
+        default: u64,
+        min: u64,
+        max: u64,
+        unit: &str,
+    ) -> Result<u64, KeyError> {
         let n = match self.take(key) {
             None => default,
             Some(Value::Number(n)) => match n.as_u64() {
                 Some(n) => n,
                 None => {
-                    return Err(self.err(key, format!("expected whole seconds, found {n}")));
+                    return Err(self.err(key, format!("expected whole {unit}, found {n}")));
                 }
             },
             Some(other) => {
                 return Err(self.err(
                     key,
-                    format!("expected a number of seconds, found {}", kind(&other)),
+                    format!("expected a number of {unit}, found {}", kind(&other)),
                 ));
             }
         };
         if n < min || n > max {
             return Err(self.err(
                 key,
-                format!("{n} is out of range: use {min} to {max} seconds"),
+                format!("{n} is out of range: use {min} to {max} {unit}"),
             ));
         }
-        Ok(Duration::from_secs(n))
+        Ok(n)
     }
 
     fn strings(
@@ -780,17 +830,46 @@ fn parse_podman(mut o: Obj) -> Result<PodmanMode, KeyError> {
     })
 }
 
+/// The longest slow interval accepted (keep-alive, check, traffic): a week.
+const MAX_SLOW_INTERVAL_SECS: u64 = 7 * 86_400;
+
 fn parse_intervals(mut o: Obj) -> Result<Intervals, KeyError> {
-    let heartbeat = o.secs("heartbeat-secs", HEARTBEAT_INTERVAL.as_secs(), 1, 3600)?;
-    let resync = o.secs("resync-secs", 30, 1, 3600)?;
-    let check = o.secs("check-secs", 300, 1, 86_400)?;
+    let d = Intervals::default();
+    let heartbeat = o.secs("heartbeat-secs", d.heartbeat.as_secs(), 1, 3600)?;
+    let keepalive = o.secs(
+        "keepalive-secs",
+        d.keepalive.as_secs(),
+        1,
+        MAX_SLOW_INTERVAL_SECS,
+    )?;
+    let ping = o.secs("ping-secs", d.ping.as_secs(), 1, 3600)?;
+    let max_pings_out = o.whole(
+        "ping-max-outstanding",
+        u64::from(d.max_pings_out),
+        1,
+        10,
+        "PINGs",
+    )?;
+    let resync = o.secs("resync-secs", d.resync.as_secs(), 1, 3600)?;
+    let check = o.secs("check-secs", d.check.as_secs(), 1, MAX_SLOW_INTERVAL_SECS)?;
+    let traffic = o.secs(
+        "traffic-secs",
+        d.traffic.as_secs(),
+        1,
+        MAX_SLOW_INTERVAL_SECS,
+    )?;
     // Agent 0.1.0's consumer heartbeat: configs written for it stay valid.
     let _ = o.secs("idle-heartbeat-secs", 5, 1, 60)?;
     o.finish()?;
     Ok(Intervals {
         heartbeat,
+        keepalive,
+        ping,
+        // INVARIANT: at most 10 by the range above.
+        max_pings_out: u8::try_from(max_pings_out).unwrap_or(u8::MAX),
         resync,
         check,
+        traffic,
     })
 }
 
@@ -830,10 +909,41 @@ mod tests {
             c.intervals,
             Intervals {
                 heartbeat: Duration::from_secs(30),
+                keepalive: Duration::from_secs(3600),
+                ping: Duration::from_secs(200),
+                max_pings_out: 2,
                 resync: Duration::from_secs(30),
-                check: Duration::from_secs(300),
+                check: Duration::from_secs(21_600),
+                traffic: Duration::from_secs(21_600),
             }
         );
+    }
+
+    #[test]
+    fn every_interval_is_a_knob_and_older_configs_still_parse() {
+        // The interval keys of 0.1.0 and 0.2.0 configs (README examples).
+        let old = MINIMAL.replace(
+            "}}}",
+            r#"}},"intervals":{"heartbeat-secs":30,"resync-secs":30,"check-secs":300,"idle-heartbeat-secs":5}}"#,
+        );
+        let c = parse(&old).expect("a 0.2 config parses");
+        assert_eq!(c.intervals.heartbeat, Duration::from_secs(30));
+        assert_eq!(c.intervals.check, Duration::from_secs(300));
+        assert_eq!(c.intervals.keepalive, KEEPALIVE_INTERVAL);
+        let new = MINIMAL.replace(
+            "}}}",
+            r#"}},"intervals":{"keepalive-secs":7200,"ping-secs":120,"ping-max-outstanding":3,"check-secs":86400,"traffic-secs":3600}}"#,
+        );
+        let c = parse(&new).expect("valid");
+        assert_eq!(c.intervals.keepalive, Duration::from_secs(7200));
+        assert_eq!(c.intervals.ping, Duration::from_secs(120));
+        assert_eq!(c.intervals.max_pings_out, 3);
+        assert_eq!(c.intervals.check, Duration::from_secs(86_400));
+        assert_eq!(c.intervals.traffic, Duration::from_secs(3600));
+        let (k, m) =
+            key_err(&MINIMAL.replace("}}}", r#"}},"intervals":{"ping-max-outstanding":0}}"#));
+        assert_eq!(k, "intervals.ping-max-outstanding");
+        assert!(m.contains("use 1 to 10 PINGs"), "{m}");
     }
 
     #[test]

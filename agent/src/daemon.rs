@@ -11,8 +11,9 @@
 //! 4. publish device info, acknowledged; read the updater's transaction
 //!    and, when it is starting its upgrade target, check this binary is
 //!    that version (exit 22 without READY otherwise, so it rolls back);
-//! 5. start the status publisher (heartbeats), the reconciler and the
-//!    desired-state watcher, and wait for a complete desired snapshot;
+//! 5. start the status publisher (status on change, a slow keep-alive), the
+//!    traffic counter, the reconciler and the desired-state watcher, and
+//!    wait for a complete desired snapshot;
 //! 6. publish the updater's transaction status, acknowledged, and start
 //!    following upgrade intents ([`crate::upgrade`]).
 //!
@@ -59,6 +60,7 @@ use crate::shutdown::Shutdown;
 use crate::startup::StartupSteps;
 use crate::status::{self, StatusMsg, StatusPublisher};
 use crate::sysinfo;
+use crate::traffic::{self, TrafficCounter};
 use crate::upgrade::{self, StartupError, UpgradeState};
 
 /// Part of systemd's stop bound spent waiting for the mutation in flight.
@@ -277,6 +279,10 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         &config.nats,
         &device,
         Reconnect::Forever,
+        nats::Pings {
+            interval: config.intervals.ping,
+            max_out: config.intervals.max_pings_out,
+        },
         NATS_CONNECT_WINDOW,
         &shutdown,
     ) {
@@ -339,6 +345,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         agent_version: version.clone(),
         started,
         heartbeat: config.intervals.heartbeat,
+        keepalive: config.intervals.keepalive,
         podman: podman.as_ref().map(|(p, _)| p.clone()),
         freeze: Arc::clone(&freeze),
     }
@@ -352,6 +359,15 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         // A change made before this point (by an early caller) is published too.
         let _ = status.sender().send(StatusMsg::ConfigState);
     }
+    let traffic = TrafficCounter {
+        nats: Arc::clone(&nats),
+        ports: traffic::server_ports(&config.nats.servers),
+        report_every: config.intervals.traffic,
+        to_status: status.sender(),
+        shutdown: Arc::clone(&shutdown),
+    }
+    .spawn()
+    .map_err(thread_err("agent-traffic"))?;
     let reconciler = match podman {
         Some((p, _)) => {
             let to_status = status.sender();
@@ -476,6 +492,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         r.stop();
     }
     watcher.join();
+    traffic.join();
     // Woken by the drop, the start-up reporter exits at once.
     drop(steps);
     let acks_until = Instant::now() + STOPPING_ACK_TIMEOUT;

@@ -27,6 +27,7 @@ mod startup;
 mod status;
 mod sysinfo;
 mod threads;
+mod traffic;
 mod upgrade;
 
 use std::path::PathBuf;

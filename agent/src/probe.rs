@@ -253,6 +253,10 @@ impl Ctx {
                     &c.nats,
                     &c.device_id,
                     Reconnect::Once,
+                    nats::Pings {
+                        interval: c.intervals.ping,
+                        max_out: c.intervals.max_pings_out,
+                    },
                     NATS_CONNECT_WINDOW,
                     &Shutdown::new(),
                 )

@@ -1,24 +1,38 @@
 //! Status publishing: the thread `agent-status` writes this device's
 //! `fleet-status` keys, each write acknowledged by JetStream.
 //!
+//! Every key is written when what it says changes, never on a timer, except
+//! the heartbeat's slow keep-alive: an idle device writes nothing else
+//! (docs/operator/traffic.md). Presence comes from the cluster's own
+//! connection state, not from these writes.
+//!
 //! - `<device>.info`: once at start (by [`publish_info`], before READY),
 //!   then on change: the Podman version is re-read every
 //!   [`INFO_REFRESH_BEATS`] heartbeat intervals and the info republished
 //!   when it differs. The read runs on its own thread (`agent-podman-info`,
 //!   bounded by the Podman command timeout), never on this one: nothing
-//!   here waits for Podman, so heartbeats keep their schedule whatever
-//!   Podman does.
-//! - `<device>.heartbeat`: at start, then every heartbeat interval with a
-//!   random jitter so a fleet does not beat in step. The last one of a run
-//!   carries `stopping` with the drain duration.
+//!   here waits for Podman.
+//! - `<device>.heartbeat`: at start; when what it carries changes (the
+//!   config state, whether Podman answers); and as a keep-alive after
+//!   `intervals.keepalive-secs` without one, with a random jitter of up to
+//!   a tenth so a fleet started together does not write in step. The last
+//!   one of a run carries `stopping` with the drain duration. Every
+//!   heartbeat interval (`intervals.heartbeat-secs`) the config state is
+//!   looked at again, locally: what waits for an unfreeze may change
+//!   without a message.
 //! - `<device>.workloads`: each report the reconciler sends (it sends only
-//!   changes); a failed write is retried until a newer report replaces it.
+//!   changes).
+//! - `<device>.traffic`: each report of the traffic counter
+//!   ([`crate::traffic`]), at its own slow cadence.
+//!
+//! A failed write is retried every [`RETRY_DELAY`] until it succeeds or a
+//! newer value replaces it.
 //!
 //! Info and heartbeat carry the config state of [`FreezeControl`]; when it
 //! changes (a freeze, an unfreeze, the waiting counts) both are published
 //! at once ([`StatusMsg::ConfigState`]). The heartbeat also says whether
 //! Podman answers, as the last workloads report does; a change of that is
-//! beaten at once.
+//! written at once.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
@@ -26,9 +40,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{
-    DeviceInfo, Heartbeat, PodmanUnreachable, Stopping, WorkloadsReport,
+    ConfigStateReport, DeviceInfo, Heartbeat, PodmanUnreachable, Stopping, TrafficReport,
+    WorkloadsReport,
 };
-use fleet_common::limits::{HEARTBEAT_JITTER, NATS_REQUEST_TIMEOUT};
+use fleet_common::limits::NATS_REQUEST_TIMEOUT;
 use fleet_common::subjects::{status_key, StatusKey, BUCKET_STATUS};
 use fleet_common::validate::{BoundedText, Version};
 use fleet_common::Timestamp;
@@ -82,10 +97,16 @@ impl Jitter {
     }
 }
 
-/// The delay to the next heartbeat: `interval` plus up to a tenth of it
-/// (at most [`HEARTBEAT_JITTER`]).
-fn next_heartbeat_in(interval: Duration, jitter: &mut Jitter) -> Duration {
-    interval + jitter.up_to(HEARTBEAT_JITTER.min(interval / 10))
+/// The delay to the next keep-alive: `interval` plus up to a tenth of it.
+fn next_keepalive_in(interval: Duration, jitter: &mut Jitter) -> Duration {
+    interval + jitter.up_to(interval / 10)
+}
+
+/// What a heartbeat says beyond its time: a change of it is written at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BeatContent {
+    config_state: ConfigStateReport,
+    podman_unreachable: bool,
 }
 
 /// Messages to the status thread.
@@ -96,6 +117,8 @@ pub enum StatusMsg {
     PodmanVersion(Result<String, String>),
     /// The config state changed: publish info and a heartbeat now.
     ConfigState,
+    /// The traffic counters, for `<device>.traffic`.
+    Traffic(TrafficReport),
     /// Publish the last heartbeat, with `stopping`, and exit; the result
     /// goes to `done`.
     Stopping {
@@ -111,7 +134,10 @@ pub struct StatusPublisher {
     pub info: DeviceInfo,
     pub agent_version: Version,
     pub started: Instant,
+    /// How often the config state is looked at again (`heartbeat-secs`).
     pub heartbeat: Duration,
+    /// The heartbeat written although nothing changed (`keepalive-secs`).
+    pub keepalive: Duration,
     /// Re-read for the version in `<device>.info`; `None` when disabled.
     pub podman: Option<Podman>,
     pub freeze: Arc<FreezeControl>,
@@ -219,24 +245,28 @@ impl StatusPublisher {
     fn run(mut self, rx: &Receiver<StatusMsg>) {
         let device = self.nats.device().as_str().to_owned();
         let mut jitter = Jitter::new();
-        let mut next_beat = Instant::now();
+        let mut next_look = Instant::now() + self.heartbeat;
+        // When the heartbeat is written next: at once at start, a keep-alive
+        // later after each write, at once on a change.
+        let mut beat_at = Instant::now();
+        // What the last heartbeat written, or tried, said: a change from it
+        // is written at once; a failed write is tried again later.
+        let mut attempted: Option<BeatContent> = None;
         let mut workloads: Option<WorkloadsReport> = None;
+        let mut traffic: Option<TrafficReport> = None;
         // As the last workloads report said.
         let mut podman_unreachable: Option<PodmanUnreachable> = None;
         let mut info_pending = false;
         let mut retry_at: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            let wake = [Some(next_beat), retry_at]
+            let wake = [Some(next_look), Some(beat_at), retry_at]
                 .into_iter()
                 .flatten()
                 .min()
-                .unwrap_or(next_beat);
+                .unwrap_or(next_look);
             match rx.recv_timeout(wake.saturating_duration_since(now)) {
                 Ok(StatusMsg::Workloads(r)) => {
-                    if r.podman_unreachable.is_some() != podman_unreachable.is_some() {
-                        next_beat = Instant::now();
-                    }
                     podman_unreachable = r.podman_unreachable.clone();
                     workloads = Some(r);
                     retry_at = Some(Instant::now());
@@ -255,14 +285,14 @@ impl StatusPublisher {
                     log::warn!(device = device.as_str(); "re-reading the Podman version: {e}")
                 }
                 Ok(StatusMsg::ConfigState) => {
-                    let report = self.freeze.report();
-                    if report != self.info.config_state {
-                        self.info.config_state = report;
-                        self.info.updated_at = Timestamp::now();
-                        info_pending = true;
-                        retry_at = Some(Instant::now());
-                    }
-                    next_beat = Instant::now();
+                    self.look_at_config_state(&mut info_pending, &mut retry_at);
+                    // Written even when the report looks the same: the
+                    // freeze's caller waits to see it in NATS.
+                    beat_at = Instant::now();
+                }
+                Ok(StatusMsg::Traffic(r)) => {
+                    traffic = Some(r);
+                    retry_at = Some(Instant::now());
                 }
                 Ok(StatusMsg::Stopping { drain, done }) => {
                     let at = Timestamp::now();
@@ -283,21 +313,35 @@ impl StatusPublisher {
                 Err(RecvTimeoutError::Timeout) => {}
             }
             let now = Instant::now();
-            if now >= next_beat {
+            if now >= next_look {
                 // What waits for an unfreeze may change without a message
-                // (an intent held back): the info follows the heartbeat.
-                let report = self.freeze.report();
-                if report != self.info.config_state {
-                    self.info.config_state = report;
-                    self.info.updated_at = Timestamp::now();
-                    info_pending = true;
-                    retry_at = Some(now);
-                }
+                // (an intent held back): looked at locally, written only
+                // when it changed.
+                next_look = now + self.heartbeat;
+                self.look_at_config_state(&mut info_pending, &mut retry_at);
+            }
+            let content = BeatContent {
+                config_state: self.freeze.report(),
+                podman_unreachable: podman_unreachable.is_some(),
+            };
+            if attempted.as_ref() != Some(&content) {
+                beat_at = beat_at.min(now);
+            }
+            if now >= beat_at {
                 let hb = self.heartbeat(None, podman_unreachable.clone());
-                if let Err(e) = self.put(StatusKey::Heartbeat, &hb) {
-                    log::warn!(device = device.as_str(); "heartbeat not published: {e}");
+                attempted = Some(BeatContent {
+                    config_state: hb.config_state.clone(),
+                    podman_unreachable: hb.podman_unreachable.is_some(),
+                });
+                match self.put(StatusKey::Heartbeat, &hb) {
+                    Ok(()) => {
+                        beat_at = Instant::now() + next_keepalive_in(self.keepalive, &mut jitter);
+                    }
+                    Err(e) => {
+                        log::warn!(device = device.as_str(); "heartbeat not published: {e}; retrying in {} s", RETRY_DELAY.as_secs());
+                        beat_at = now + RETRY_DELAY;
+                    }
                 }
-                next_beat = Instant::now() + next_heartbeat_in(self.heartbeat, &mut jitter);
             }
             if retry_at.is_some_and(|t| now >= t) {
                 retry_at = None;
@@ -330,7 +374,28 @@ impl StatusPublisher {
                         }
                     }
                 }
+                if let Some(r) = &traffic {
+                    match self.put(StatusKey::Traffic, r) {
+                        Ok(()) => traffic = None,
+                        Err(e) => {
+                            log::warn!(device = device.as_str(); "traffic report not published: {e}; retrying");
+                            retry_at = Some(now + RETRY_DELAY);
+                        }
+                    }
+                }
             }
+        }
+    }
+
+    /// Takes the freeze's current report into the device info; when it
+    /// changed, the info is to be written.
+    fn look_at_config_state(&mut self, info_pending: &mut bool, retry_at: &mut Option<Instant>) {
+        let report = self.freeze.report();
+        if report != self.info.config_state {
+            self.info.config_state = report;
+            self.info.updated_at = Timestamp::now();
+            *info_pending = true;
+            *retry_at = Some(Instant::now());
         }
     }
 }
@@ -340,19 +405,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn heartbeat_jitter_stays_within_a_tenth_and_three_seconds() {
+    fn keepalive_jitter_stays_within_a_tenth() {
         let mut j = Jitter::new();
+        let mut spread = Duration::ZERO;
         for _ in 0..1000 {
-            let d = next_heartbeat_in(Duration::from_secs(30), &mut j);
+            let d = next_keepalive_in(Duration::from_secs(3600), &mut j);
             assert!(
-                d >= Duration::from_secs(30) && d <= Duration::from_secs(33),
+                d >= Duration::from_secs(3600) && d <= Duration::from_secs(3960),
                 "{d:?}"
             );
-            let d = next_heartbeat_in(Duration::from_secs(1), &mut j);
+            spread = spread.max(d - Duration::from_secs(3600));
+            let d = next_keepalive_in(Duration::from_secs(1), &mut j);
             assert!(
                 d >= Duration::from_secs(1) && d <= Duration::from_millis(1100),
                 "{d:?}"
             );
         }
+        assert!(spread > Duration::from_secs(60), "no jitter: {spread:?}");
     }
 }

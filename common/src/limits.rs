@@ -91,8 +91,42 @@ pub const MAX_REMEMBERED_ATTEMPTS: usize = 64;
 /// content is rejected, with no window).
 pub const MAX_BOUND_ATTEMPTS: usize = 10_000;
 
-/// Heartbeat period; each beat is jittered by up to [`HEARTBEAT_JITTER`].
+/// Heartbeat period of agents before 0.3.0 (a write every 30 s). Since
+/// 0.3.0 the agent writes its heartbeat only when what it carries changes,
+/// and every [`KEEPALIVE_INTERVAL`]; this period stays how often it looks
+/// for such a change (`intervals.heartbeat-secs`) and the change freeze's
+/// disconnect window ([`FREEZE_DISCONNECTED_HEARTBEATS`]).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+/// How often an idle agent (0.3.0 on) writes its heartbeat anyway
+/// (`intervals.keepalive-secs`): the lower bound of a device's "last seen"
+/// when nothing better is known. One acknowledged write costs about 1 KiB
+/// on the wire; hourly that is about 0.7 MiB a month
+/// (docs/operator/traffic.md).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3600);
+/// How long the agent's NATS connection may be silent from the server's
+/// side before the agent sends a PING (`intervals.ping-secs`), and the
+/// delay between unanswered ones. Below the 4-minute idle timeout of
+/// common NATs and cloud load balancers; a PING/PONG over TLS costs about
+/// 200 bytes on the wire, about 2.6 MiB a month at this interval.
+pub const NATS_PING_INTERVAL: Duration = Duration::from_secs(200);
+/// PINGs the agent leaves unanswered before it takes the connection as dead
+/// and reconnects (`intervals.ping-max-outstanding`): a silent link is
+/// detected within (this + 1) × [`NATS_PING_INTERVAL`].
+pub const NATS_MAX_PINGS_OUT: u8 = 2;
+/// The servers' PING interval in the generated config (`ping_interval`):
+/// a little longer than the agent's, so that the agent's PINGs keep the
+/// server's from being sent (the server skips its PING when the client sent
+/// one within the interval). A dead device is closed by its server within
+/// about 4 × this (two unanswered PINGs, `ping_max` 2).
+pub const SERVER_PING_INTERVAL: Duration = Duration::from_secs(240);
+/// The periodic backstop read of the desired state and the upgrade intent
+/// (`intervals.check-secs`), jittered by a fifth. Republished changes
+/// arrive at once; this only bounds how long a lost last change can go
+/// unseen. Two Direct Gets cost a few KiB on the wire.
+pub const CHECK_INTERVAL: Duration = Duration::from_secs(6 * 3600);
+/// How often the agent writes its traffic counters, `<device>.traffic`
+/// (`intervals.traffic-secs`).
+pub const TRAFFIC_REPORT_INTERVAL: Duration = Duration::from_secs(6 * 3600);
 /// Largest random delay added to one heartbeat, so a fleet does not beat in step.
 pub const HEARTBEAT_JITTER: Duration = Duration::from_secs(3);
 /// A device counts as disconnected, for the change freeze, once NATS has

@@ -48,6 +48,12 @@ impl Timestamp {
     }
 
     /// Time from `earlier` to `self`, zero if the clock went backwards.
+    /// The UTC date, `YYYY-MM-DD`.
+    pub fn utc_date(self) -> String {
+        let (y, m, d) = civil_from_days(self.0 / 1000 / 86_400);
+        format!("{y:04}-{m:02}-{d:02}")
+    }
+
     pub fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(self.0.saturating_sub(earlier.0))
     }
