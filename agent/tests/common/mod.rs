@@ -45,6 +45,13 @@ pub struct Settings {
     pub auth: Option<serde_json::Value>,
     /// `intervals.check-secs`.
     pub check_secs: u64,
+    /// `intervals.heartbeat-secs`.
+    pub heartbeat_secs: u64,
+    /// `intervals.keepalive-secs`: the heartbeat as often as agents before
+    /// 0.3.0 wrote it, unless a test asks otherwise.
+    pub keepalive_secs: u64,
+    /// `intervals.traffic-secs`.
+    pub traffic_secs: u64,
 }
 
 impl Settings {
@@ -56,6 +63,9 @@ impl Settings {
             password: None,
             auth: None,
             check_secs: CHECK_SECS,
+            heartbeat_secs: HEARTBEAT_SECS,
+            keepalive_secs: HEARTBEAT_SECS,
+            traffic_secs: 3600,
         }
     }
 }
@@ -95,9 +105,11 @@ impl Device {
             },
             "podman": podman_json,
             "intervals": {
-                "heartbeat-secs": HEARTBEAT_SECS,
+                "heartbeat-secs": settings.heartbeat_secs,
+                "keepalive-secs": settings.keepalive_secs,
                 "resync-secs": RESYNC_SECS,
                 "check-secs": settings.check_secs,
+                "traffic-secs": settings.traffic_secs,
             },
             "root": root.path(),
         });
@@ -316,8 +328,48 @@ pub fn wait_gone(podman: &Podman, name: &str) {
     })
 }
 
-/// The remote TCP ports of `pid`'s established connections (from procfs).
-pub fn tcp_peers(pid: u32) -> Vec<u16> {
+/// GET of a nats-server monitoring endpoint (HTTP/1.0), its body as JSON.
+pub fn monitor_json(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let timeout = Duration::from_secs(5);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).expect("monitor connect");
+    s.set_read_timeout(Some(timeout)).expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("monitor request");
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).expect("monitor answer");
+    let at = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP body");
+    serde_json::from_slice(&buf[at + 4..]).expect("monitor JSON")
+}
+
+/// The local TCP ports of `pid`'s established connections to `remote_port`
+/// (from procfs).
+pub fn tcp_local_ports(pid: u32, remote_port: u16) -> Vec<u16> {
+    let inodes = socket_inodes(pid);
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    let port_of = |col: &str| {
+        col.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            (cols.len() > 9
+                && cols[3] == "01"
+                && inodes.iter().any(|i| i == cols[9])
+                && port_of(cols[2]) == Some(remote_port))
+            .then(|| port_of(cols[1]))
+            .flatten()
+        })
+        .collect()
+}
+
+fn socket_inodes(pid: u32) -> Vec<String> {
     let mut inodes = Vec::new();
     if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
         for fd in fds.flatten() {
@@ -329,6 +381,12 @@ pub fn tcp_peers(pid: u32) -> Vec<u16> {
             }
         }
     }
+    inodes
+}
+
+/// The remote TCP ports of `pid`'s established connections (from procfs).
+pub fn tcp_peers(pid: u32) -> Vec<u16> {
+    let inodes = socket_inodes(pid);
     let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
     let mut ports = Vec::new();
     for line in table.lines().skip(1) {
