@@ -64,11 +64,16 @@ pub struct SimConfig {
     pub devices: Vec<String>,
     pub password: fn(&str) -> String,
     pub generation: Generation,
-    /// Status heartbeat period (the agent: 30 s, plus up to a tenth, at most 3 s).
-    pub heartbeat: Duration,
+    /// When the heartbeat is written ([`StatusWrites`]).
+    pub status: StatusWrites,
+    /// The client's PING after this long without a word from the server
+    /// (agent 0.3.0: `intervals.ping-secs`, 200 s; the `nats` crate before:
+    /// 2 minutes).
+    pub ping: Duration,
     /// Generation 1: the consumers' idle heartbeat (the agent: 5 s).
     pub idle_heartbeat: Duration,
-    /// Generation 2: the periodic re-read backstop (the agent: 300 s ± 20%).
+    /// Generation 2: the periodic re-read backstop (agent 0.3.0: 6 h ± 20%,
+    /// 0.2.0: 300 s).
     pub backstop: Duration,
     /// Bound on one request (the agent: `NATS_REQUEST_TIMEOUT`, 10 s).
     pub request_timeout: Duration,
@@ -95,14 +100,55 @@ impl SimConfig {
             devices,
             password,
             generation,
-            heartbeat: fleet_common::limits::HEARTBEAT_INTERVAL,
+            status: match generation {
+                Generation::One => StatusWrites::Every(fleet_common::limits::HEARTBEAT_INTERVAL),
+                Generation::Two => {
+                    StatusWrites::KeepAlive(fleet_common::limits::KEEPALIVE_INTERVAL)
+                }
+            },
+            ping: match generation {
+                Generation::One => LEGACY_PING_INTERVAL,
+                Generation::Two => fleet_common::limits::NATS_PING_INTERVAL,
+            },
             idle_heartbeat: Duration::from_secs(5),
-            backstop: Duration::from_secs(300),
+            backstop: match generation {
+                Generation::One => LEGACY_CHECK_INTERVAL,
+                Generation::Two => fleet_common::limits::CHECK_INTERVAL,
+            },
             request_timeout: fleet_common::limits::NATS_REQUEST_TIMEOUT,
             start_rate: 0,
             per_source_address: 20_000,
             trace: false,
         }
+    }
+}
+
+/// The client PING interval of the `nats` crate as released (agents
+/// before 0.3.0).
+pub const LEGACY_PING_INTERVAL: Duration = Duration::from_secs(120);
+/// Agent 0.2.0's periodic check.
+pub const LEGACY_CHECK_INTERVAL: Duration = Duration::from_secs(300);
+
+/// When a simulated device writes its heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusWrites {
+    /// Agents before 0.3.0: at start and every period, plus up to a tenth
+    /// (at most 3 s).
+    Every(Duration),
+    /// Agent 0.3.0 on: at start and, nothing changing, every keep-alive
+    /// period plus up to a tenth.
+    KeepAlive(Duration),
+}
+
+impl SimConfig {
+    /// Generation 2 as agent 0.2.0 speaks it: a heartbeat every 30 s, a
+    /// check every 300 s, the crate's 2-minute PING (the baseline of the
+    /// status-on-change protocol).
+    pub fn as_agent_0_2(mut self) -> SimConfig {
+        self.status = StatusWrites::Every(fleet_common::limits::HEARTBEAT_INTERVAL);
+        self.ping = LEGACY_PING_INTERVAL;
+        self.backstop = LEGACY_CHECK_INTERVAL;
+        self
     }
 }
 

@@ -156,6 +156,10 @@ pub fn pong(out: &mut Vec<u8>) {
     out.extend_from_slice(b"PONG\r\n");
 }
 
+pub fn ping(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"PING\r\n");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

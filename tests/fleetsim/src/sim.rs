@@ -25,7 +25,7 @@ use rustix::fd::OwnedFd;
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
 use crate::proto::{self, Msg, Op};
-use crate::{reconnect_delay, DeviceRecord, Generation, SimConfig};
+use crate::{reconnect_delay, DeviceRecord, Generation, SimConfig, StatusWrites};
 
 /// Inactive threshold of a generation-1 consumer (agent: 30 s).
 const INACTIVE_THRESHOLD: Duration = Duration::from_secs(30);
@@ -44,6 +44,8 @@ const READ_CHUNK: usize = 16 * 1024;
 enum TimerKind {
     Connect,
     Heartbeat,
+    /// The client's PING, when the server has been silent for the interval.
+    Ping,
     /// Generation 2: the periodic check of read `.0`, if `.1` is still its token.
     Check(u8, u64),
     ReqTimeout(u64),
@@ -132,6 +134,8 @@ struct Dev {
     reqs: Vec<(u64, Req)>,
     info_acked: bool,
     heartbeats: bool,
+    /// When the server last sent anything (for the client's PINGs).
+    last_in: Instant,
     reads: [ReadState; 2],
     /// The desired sequence last reported in `workloads` (the agent
     /// reports when what it holds changed, and after its first snapshot).
@@ -213,6 +217,7 @@ impl Loop {
                 reqs: Vec::new(),
                 info_acked: false,
                 heartbeats: false,
+                last_in: now,
                 reads: Default::default(),
                 reported: None,
             });
@@ -439,6 +444,7 @@ impl Loop {
                         }
                         Ok(n) => {
                             d.rbuf.truncate(len + n);
+                            d.last_in = Instant::now();
                             if n < READ_CHUNK {
                                 break;
                             }
@@ -657,6 +663,10 @@ impl Loop {
         let now = Instant::now();
         recs[i].connects.push(now);
         recs[i].server = Some(self.devs[i].server);
+        // The client's PINGs on this connection (the agent's patched crate).
+        self.devs[i].last_in = now;
+        let (idx, epoch, ping) = (self.devs[i].idx, self.devs[i].epoch, self.cfg.ping);
+        self.timer(idx, ping, epoch, TimerKind::Ping);
         let reconnect = self.devs[i].ever_up;
         self.devs[i].ever_up = true;
         if !reconnect {
@@ -1079,9 +1089,27 @@ impl Loop {
                     let body = self.heartbeat_body();
                     self.put_status(i, StatusKey::Heartbeat, &body, recs);
                 }
-                let hb = self.cfg.heartbeat;
-                let j = self.devs[i].jitter((hb / 10).min(Duration::from_secs(3)));
-                self.timer(t.dev, hb + j, 0, TimerKind::Heartbeat);
+                let next = match self.cfg.status {
+                    StatusWrites::Every(hb) => {
+                        hb + self.devs[i].jitter((hb / 10).min(Duration::from_secs(3)))
+                    }
+                    StatusWrites::KeepAlive(k) => k + self.devs[i].jitter(k / 10),
+                };
+                self.timer(t.dev, next, 0, TimerKind::Heartbeat);
+            }
+            TimerKind::Ping => {
+                let ping = self.cfg.ping;
+                let silent = self.devs[i].last_in.elapsed();
+                let next = if silent >= ping {
+                    if self.devs[i].conn == Conn::Up {
+                        proto::ping(&mut self.devs[i].wbuf);
+                        self.mark(i);
+                    }
+                    ping
+                } else {
+                    ping - silent
+                };
+                self.timer(t.dev, next, t.epoch, TimerKind::Ping);
             }
             TimerKind::Check(read, token) => {
                 let r = read as usize;

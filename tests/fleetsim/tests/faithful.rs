@@ -2,7 +2,9 @@
 //! Podman disabled) and one simulated device, each behind a recording TCP
 //! proxy in front of the same nats-server, send the same subjects in the
 //! same order for start-up, a desired change and a reconnect (a server
-//! restart). The simulator speaks the generation the agent speaks, read
+//! restart), and the same idle traffic: nothing but the heartbeat's
+//! keep-alive and the client's PINGs, at the same intervals (short ones
+//! here, the agent's `keepalive-secs` and `ping-secs`). The simulator speaks the generation the agent speaks, read
 //! from the subjects the agent uses (consumer creates: generation 1;
 //! Direct Gets: generation 2), so this holds before and after the agent
 //! moves to generation 2.
@@ -24,13 +26,18 @@ use std::time::{Duration, Instant};
 
 use fleet_harness::{device_password, poll_until, target_dir, ChildGuard, NatsServer, NatsVersion};
 use fleet_sim::admin::put_desired_all;
-use fleet_sim::{Generation, Sim, SimConfig};
+use fleet_sim::{Generation, Sim, SimConfig, StatusWrites};
 
 const AGENT: &str = "faith-agent";
 const SIMULATED: &str = "faith-sim";
 const PHASE_TIMEOUT: Duration = Duration::from_secs(60);
 /// A phase is over when no op but a heartbeat came for this long.
 const QUIET: Duration = Duration::from_millis(2500);
+/// The keep-alive and PING intervals of both, short so the idle phase is.
+const KEEPALIVE_SECS: u64 = 3;
+const PING_SECS: u64 = 1;
+/// The idle phase compared.
+const IDLE: Duration = Duration::from_secs(10);
 
 type Ops = Arc<Mutex<Vec<(Instant, String)>>>;
 
@@ -111,6 +118,7 @@ fn pump_recording(mut from: TcpStream, mut to: TcpStream, ops: &Ops) {
                     sids.insert(w[w.len() - 1].to_owned(), w[1].to_owned());
                     Some(format!("SUB {}", w[1]))
                 }
+                ("PING", 1) => Some("PING".to_owned()),
                 ("UNSUB", 2 | 3) => Some(format!(
                     "UNSUB {}",
                     sids.get(w[1])
@@ -203,7 +211,11 @@ fn channels(
     let mut order = Vec::new();
     let mut by: HashMap<String, Vec<String>> = HashMap::new();
     for (_, op) in &ops[range] {
-        if op == "CONNECT" || op.contains(".heartbeat") || op.starts_with("PUB $JS.FC.") {
+        if op == "CONNECT"
+            || op == "PING"
+            || op.contains(".heartbeat")
+            || op.starts_with("PUB $JS.FC.")
+        {
             continue;
         }
         let (ch, n) = normalize(op, device, &names);
@@ -233,7 +245,7 @@ fn settle(
         let last = tail
             .iter()
             .rev()
-            .find(|(_, op)| !op.contains(".heartbeat"))
+            .find(|(_, op)| !op.contains(".heartbeat") && op != "PING")
             .map(|(t, _)| *t);
         (done(tail) && last.map_or(true, |t| t.elapsed() >= QUIET)).then_some(o.len())
     })
@@ -266,7 +278,8 @@ fn start_agent(port: u16) -> (ChildGuard, tempfile::TempDir) {
             "auth": {"method": "user-password", "user": AGENT, "password-file": pw},
         },
         "podman": {"enabled": false},
-        "intervals": {"heartbeat-secs": 30, "resync-secs": 30, "idle-heartbeat-secs": 5},
+        "intervals": {"heartbeat-secs": 30, "resync-secs": 30, "idle-heartbeat-secs": 5,
+                      "keepalive-secs": KEEPALIVE_SECS, "ping-secs": PING_SECS},
         "root": root.path(),
     });
     let path = root.path().join("agent.json");
@@ -319,6 +332,8 @@ fn the_simulator_sends_what_the_agent_sends() {
         generation,
     );
     cfg.idle_heartbeat = Duration::from_secs(5);
+    cfg.status = StatusWrites::KeepAlive(Duration::from_secs(KEEPALIVE_SECS));
+    cfg.ping = Duration::from_secs(PING_SECS);
     let sim = Sim::start(cfg).expect("simulator");
     let s1 = settle("the simulator's start-up", &sim_ops, 0, |o| {
         reads(o, "fleet-control") > 0 && status(o, ".workloads") > 0
@@ -374,6 +389,42 @@ fn the_simulator_sends_what_the_agent_sends() {
             );
             assert_eq!(a_order.first().map(String::as_str), Some("inbox"));
         }
+    }
+    // Idle: each sends its keep-alive and its PINGs, nothing else.
+    std::thread::sleep(IDLE);
+    let agent = snapshot(&agent_ops);
+    let simulated = snapshot(&sim_ops);
+    let idle = |ops: &[(Instant, String)], from: usize| {
+        let tail = &ops[from..];
+        let count = |f: &dyn Fn(&str) -> bool| tail.iter().filter(|(_, o)| f(o)).count();
+        (
+            count(&|o| o.contains(".heartbeat")),
+            count(&|o| o == "PING"),
+            count(&|o| o.starts_with("PUB") && !o.contains(".heartbeat")),
+        )
+    };
+    let (a_beats, a_pings, a_other) = idle(&agent, a3);
+    let (s_beats, s_pings, s_other) = idle(&simulated, s3);
+    eprintln!(
+        "idle {IDLE:?}: agent {a_beats} keep-alives, {a_pings} PINGs, {a_other} other writes; simulator {s_beats}, {s_pings}, {s_other}"
+    );
+    assert_eq!(
+        (a_other, s_other),
+        (0, 0),
+        "idle: nothing but keep-alives and PINGs"
+    );
+    let expected_beats = IDLE.as_secs() / KEEPALIVE_SECS;
+    for (who, beats, pings) in [("agent", a_beats, a_pings), ("simulator", s_beats, s_pings)] {
+        assert!(
+            beats as u64 + 1 >= expected_beats && beats as u64 <= expected_beats + 1,
+            "{who}: {beats} keep-alives in {IDLE:?} (one every {KEEPALIVE_SECS} s)"
+        );
+        // A PING a second while nothing else comes from the server (a
+        // keep-alive's ack counts as a word from it).
+        assert!(
+            pings as u64 >= IDLE.as_secs() / 2 && pings as u64 <= IDLE.as_secs() + 1,
+            "{who}: {pings} PINGs in {IDLE:?} (one after {PING_SECS} s of silence)"
+        );
     }
     eprintln!(
         "faithful to the agent's {generation:?}: {} agent ops compared",
