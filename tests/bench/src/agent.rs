@@ -87,7 +87,17 @@ impl AgentDevice {
 
     /// `fleet-agent run --config <config>` of `build` with `NOTIFY_SOCKET`.
     pub fn command(&self, build: Build, notify: &Notify, podman: Option<&Podman>) -> Command {
-        let mut cmd = Command::new(build.bin("fleet-agent"));
+        self.command_of(&build.bin("fleet-agent"), notify, podman)
+    }
+
+    /// [`command`](Self::command) of the agent binary `binary`.
+    pub fn command_of(
+        &self,
+        binary: &std::path::Path,
+        notify: &Notify,
+        podman: Option<&Podman>,
+    ) -> Command {
+        let mut cmd = Command::new(binary);
         cmd.arg("run")
             .arg("--config")
             .arg(&self.config)

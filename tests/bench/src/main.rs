@@ -14,7 +14,9 @@
 //! - `cutover`: the updater's cutover against `systemctl restart`, in a
 //!   booted Debian container ([`cutover`]);
 //! - `scale`: simulated fleets of both device protocols on a 3-node
-//!   cluster ([`scale`]).
+//!   cluster ([`scale`]);
+//! - `traffic`: one idle device's bytes on the wire per 30 days, a desired
+//!   change, an upgrade, against the released 0.2.0 agent ([`traffic`]).
 //!
 //! Every server and process is started here and stopped on exit, whatever
 //! way the run ends (guards); a missing tool panics naming its Debian
@@ -29,6 +31,7 @@ mod procfs;
 mod report;
 mod rollout;
 mod scale;
+mod traffic;
 mod updater;
 
 use std::process::ExitCode;
@@ -47,18 +50,20 @@ Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--latency-runs N] [--fleet N,...] [--rollout N]
                    [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
                    [--scale-nats 2.14,2.9] [--scale-gen 1,2]
+                   [--traffic-secs N]
 
-Sections: sizes, device, download, fleet, rollout, cutover, scale (default: all).
+Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic
+          (default: all).
 Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
           --rollout 10000 --cutover-runs 7 --scale 1000,10000
           --scale-window-secs 30 --scale-nats 2.14 --scale-gen 1,2
           (--scale-gen 2 leaves out the baseline, generation 1, which cannot
-          bring a fleet up past ~15,000 devices here)
+          bring a fleet up past ~15,000 devices here) --traffic-secs 600
 ";
 
 /// Every section, in the order they run.
-const SECTIONS: [&str; 7] = [
-    "sizes", "device", "download", "fleet", "rollout", "cutover", "scale",
+const SECTIONS: [&str; 8] = [
+    "sizes", "device", "download", "fleet", "rollout", "cutover", "scale", "traffic",
 ];
 
 #[derive(Debug)]
@@ -75,6 +80,8 @@ struct Args {
     scale_nats: Vec<NatsVersion>,
     /// Whether the scale section also runs generation 1 (the baseline).
     scale_baseline: bool,
+    /// The traffic section's idle window.
+    traffic_window: Duration,
 }
 
 impl Args {
@@ -91,6 +98,7 @@ impl Args {
             scale_window: Duration::from_secs(30),
             scale_nats: vec![NatsVersion::V2_14],
             scale_baseline: true,
+            traffic_window: Duration::from_secs(600),
         };
         let mut args = args.peekable();
         while let Some(arg) = args.next() {
@@ -137,6 +145,9 @@ impl Args {
                             ))
                         }
                     }
+                }
+                "--traffic-secs" => {
+                    a.traffic_window = Duration::from_secs(number(value()?)? as u64)
                 }
                 "--scale-window-secs" => {
                     a.scale_window = Duration::from_secs(number(value()?)? as u64)
@@ -321,6 +332,12 @@ fn run(args: &Args) -> (Table, SectionTimes) {
             }
         }
         times.lap("scale");
+    }
+    if args.has("traffic") {
+        for row in traffic::traffic_rows(args.traffic_window) {
+            table.push(row);
+        }
+        times.lap("traffic");
     }
     (table, times)
 }
