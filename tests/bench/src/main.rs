@@ -50,7 +50,7 @@ Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--latency-runs N] [--fleet N,...] [--rollout N]
                    [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
                    [--scale-nats 2.14,2.9] [--scale-gen 1,2]
-                   [--traffic-secs N]
+                   [--scale-steady] [--traffic-secs N]
 
 Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic
           (default: all).
@@ -59,6 +59,9 @@ Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
           --scale-window-secs 30 --scale-nats 2.14 --scale-gen 1,2
           (--scale-gen 2 leaves out the baseline, generation 1, which cannot
           bring a fleet up past ~15,000 devices here) --traffic-secs 600
+          (--scale-steady: the scale section measures only the steady state,
+          agent 0.3's protocol against 0.2's heartbeat protocol, each on a
+          fresh cluster)
 ";
 
 /// Every section, in the order they run.
@@ -80,6 +83,8 @@ struct Args {
     scale_nats: Vec<NatsVersion>,
     /// Whether the scale section also runs generation 1 (the baseline).
     scale_baseline: bool,
+    /// The scale section measures only the steady state, 0.3 against 0.2.
+    scale_steady: bool,
     /// The traffic section's idle window.
     traffic_window: Duration,
 }
@@ -99,6 +104,7 @@ impl Args {
             scale_nats: vec![NatsVersion::V2_14],
             scale_baseline: true,
             traffic_window: Duration::from_secs(600),
+            scale_steady: false,
         };
         let mut args = args.peekable();
         while let Some(arg) = args.next() {
@@ -146,6 +152,7 @@ impl Args {
                         }
                     }
                 }
+                "--scale-steady" => a.scale_steady = true,
                 "--traffic-secs" => {
                     a.traffic_window = Duration::from_secs(number(value()?)? as u64)
                 }
@@ -327,7 +334,12 @@ fn run(args: &Args) -> (Table, SectionTimes) {
     }
     if args.has("scale") {
         for v in &args.scale_nats {
-            for row in scale::scale_rows(&args.scale, args.scale_window, *v, args.scale_baseline) {
+            let rows = if args.scale_steady {
+                scale::steady_rows(&args.scale, args.scale_window, *v)
+            } else {
+                scale::scale_rows(&args.scale, args.scale_window, *v, args.scale_baseline)
+            };
+            for row in rows {
                 table.push(row);
             }
         }

@@ -305,6 +305,132 @@ fn measure(generation: Generation, n: usize, window: Duration, version: NatsVers
     m
 }
 
+/// The steady state alone, agent 0.3's protocol against 0.2's (generation
+/// 2 both: a heartbeat write every 30 s, the 5-minute check, the crate's
+/// 2-minute PING), each on a fresh cluster: the cluster's CPU per device.
+pub fn steady_rows(ns: &[usize], window: Duration, version: NatsVersion) -> Vec<Row> {
+    let mut out = Vec::new();
+    for &n in ns {
+        let want = (2 * n as u64 + 20_000).max(65_536);
+        let nofile = fleet_sim::raise_nofile(want);
+        if nofile < n as u64 + 1_000 {
+            out.push(Row::todo(
+                &format!("scale {n}: steady state"),
+                "—",
+                &format!("open-file limit {nofile} (could not raise it to {want})"),
+            ));
+            continue;
+        }
+        let old = steady(n, window, version, true);
+        let new = steady(n, window, version, false);
+        out.push(steady_row(n, window, version, &new, &old));
+    }
+    out
+}
+
+/// One steady-state figure: cluster CPU (% of one core, the nodes summed),
+/// status writes and JetStream API requests per second over the window.
+#[derive(Debug, Default)]
+struct Steady {
+    cpu: f64,
+    status_per_sec: f64,
+    api_per_sec: f64,
+    failure: Option<String>,
+}
+
+fn steady(n: usize, window: Duration, version: NatsVersion, agent_0_2: bool) -> Steady {
+    let label = if agent_0_2 {
+        "0.2 protocol"
+    } else {
+        "0.3 protocol"
+    };
+    eprintln!("bench: scale {n} steady state, {label}, nats-server {version:?}");
+    let ids = device_ids(Generation::Two, n);
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let cluster = NatsCluster::start_fleet_with(
+        version,
+        &refs,
+        &ClusterOptions {
+            monitoring: true,
+            max_connections: Some(n + 10_000),
+            profiling: false,
+            lame_duck: None,
+        },
+    );
+    let nodes = cluster.node_count();
+    let started = Instant::now();
+    let fleet = Fleet::start(&cluster, Generation::Two, ids, |c| {
+        c.start_rate = START_RATE;
+        if agent_0_2 {
+            c.speak_agent_0_2();
+        }
+    });
+    if let Err(e) = fleet.wait_snapshots(started, SNAPSHOT_TIMEOUT) {
+        return Steady {
+            failure: Some(e),
+            ..Steady::default()
+        };
+    }
+    std::thread::sleep(SETTLE);
+    let pids: Vec<u32> = (0..nodes).filter_map(|i| cluster.node_pid(i)).collect();
+    let cpu0: Vec<_> = pids.iter().map(|p| procfs::cpu(*p)).collect();
+    let api0 = api_total(&cluster);
+    let (puts0, _) = fleet.status_puts();
+    std::thread::sleep(window);
+    let secs = window.as_secs_f64();
+    let cpu = pids
+        .iter()
+        .zip(cpu0)
+        .map(|(p, c0)| {
+            let c = procfs::cpu(*p).since(c0);
+            (c.own + c.children).as_secs_f64() / secs * 100.0
+        })
+        .sum();
+    let s = Steady {
+        cpu,
+        status_per_sec: fleet.status_puts().0.saturating_sub(puts0) as f64 / secs,
+        api_per_sec: api_total(&cluster).saturating_sub(api0) as f64 / secs,
+        failure: None,
+    };
+    drop(fleet);
+    s
+}
+
+fn steady_row(n: usize, window: Duration, version: NatsVersion, new: &Steady, old: &Steady) -> Row {
+    let row = Row::new(format!(
+        "scale {}: cluster CPU per device in steady state, agent 0.3's protocol against 0.2's (nats-server {})",
+        thousands(n),
+        match version {
+            NatsVersion::V2_14 => "2.14",
+            NatsVersion::V2_9 => "2.9",
+        }
+    ));
+    if let Some(e) = new.failure.as_ref().or(old.failure.as_ref()) {
+        return Row::todo(
+            &row.figure,
+            "≤ 0.2×",
+            &format!("a fleet did not come up: {e}"),
+        );
+    }
+    let per = |s: &Steady| s.cpu * 10.0 / n as f64; // % of a core → ms/s per device
+    let ratio = new.cpu / old.cpu.max(1e-9);
+    row.ours(format!("{:.4} ms/s", per(new)))
+        .baseline(format!("{:.4} ms/s", per(old)))
+        .ratio(format!("{ratio:.2}×"))
+        .target("≤ 0.2× (a fifth)", Verdict::from_ok(ratio <= 0.2))
+        .note(format!(
+            "utime+stime of the three nodes over {} s after every device's snapshot and {} s more, per device (ms of CPU per second). 0.3: {:.1} % of one core, {:.1} status writes/s, {:.1} JetStream API requests/s; 0.2: {:.1} %, {:.1} writes/s, {:.1} requests/s (a heartbeat every 30 s, the check every 300 s, PINGs every 2 min; 0.3: a keep-alive an hour, the check every 6 h, PINGs every 200 s). The simulator speaks each (tests/fleetsim/tests/faithful.rs).",
+            window.as_secs(),
+            SETTLE.as_secs(),
+            new.cpu,
+            new.status_per_sec,
+            new.api_per_sec,
+            old.cpu,
+            old.status_per_sec,
+            old.api_per_sec
+        ))
+}
+
 fn node_rss(cluster: &NatsCluster, i: usize) -> u64 {
     cluster.node_pid(i).map_or(0, procfs::rss)
 }

@@ -144,11 +144,10 @@ impl SimConfig {
     /// Generation 2 as agent 0.2.0 speaks it: a heartbeat every 30 s, a
     /// check every 300 s, the crate's 2-minute PING (the baseline of the
     /// status-on-change protocol).
-    pub fn as_agent_0_2(mut self) -> SimConfig {
+    pub fn speak_agent_0_2(&mut self) {
         self.status = StatusWrites::Every(fleet_common::limits::HEARTBEAT_INTERVAL);
         self.ping = LEGACY_PING_INTERVAL;
         self.backstop = LEGACY_CHECK_INTERVAL;
-        self
     }
 }
 
