@@ -360,3 +360,50 @@ fn noise_on_a_devices_subject_is_counted_and_dropped_2_9() {
 fn noise_on_a_devices_subject_is_counted_and_dropped_2_14() {
     noise_is_counted_and_dropped(NatsVersion::V2_14);
 }
+
+/// The released agent 0.2.0, against the generated server config of this
+/// release (the servers now PING every 240 s), still writes its heartbeat
+/// at its own interval: what it sends is unchanged.
+#[test]
+fn a_released_0_2_agent_keeps_its_heartbeat_against_the_new_server_config() {
+    let binary = fleet_harness::test_agent_path(fleet_harness::RELEASED_AGENT_0_2_VERSION);
+    assert!(
+        binary.is_file(),
+        "{} is missing: run `make test-agents`",
+        binary.display()
+    );
+    let server = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
+    let admin = server.admin();
+    let mut settings = Settings::new(vec![server.url()]);
+    settings.podman = false;
+    let dev = Device::new("dev1", &settings, None);
+    // A 0.2 config: the keys 0.2 knows, nothing newer.
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&dev.config).expect("read")).expect("json");
+    cfg["intervals"] = serde_json::json!({"heartbeat-secs": 1, "resync-secs": 2, "check-secs": 3600});
+    std::fs::write(&dev.config, cfg.to_string()).expect("write");
+    let cmd = dev.command(&["run"], None);
+    let cmd = {
+        let mut c = Command::new(&binary);
+        c.args(cmd.get_args());
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        c
+    };
+    let mut agent = ChildGuard::spawn(cmd, "agent-0.2.0");
+    dev.wait_ready(&mut agent);
+    let first = poll_until("a 0.2 heartbeat", CONVERGE, || {
+        status::<Heartbeat>(&admin, "dev1", "heartbeat")
+    });
+    assert_eq!(first.agent_version.as_str(), "0.2.0");
+    std::thread::sleep(Duration::from_secs(2));
+    let start = status_writes(&admin);
+    std::thread::sleep(Duration::from_secs(5));
+    let writes = status_writes(&admin) - start;
+    assert!(writes >= 4, "{writes} heartbeats in 5 s at heartbeat-secs 1");
+    assert!(traffic(&admin, "dev1").is_none(), "0.2.0 writes no traffic report");
+}
