@@ -380,7 +380,8 @@ fn a_released_0_2_agent_keeps_its_heartbeat_against_the_new_server_config() {
     // A 0.2 config: the keys 0.2 knows, nothing newer.
     let mut cfg: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&dev.config).expect("read")).expect("json");
-    cfg["intervals"] = serde_json::json!({"heartbeat-secs": 1, "resync-secs": 2, "check-secs": 3600});
+    cfg["intervals"] =
+        serde_json::json!({"heartbeat-secs": 1, "resync-secs": 2, "check-secs": 3600});
     std::fs::write(&dev.config, cfg.to_string()).expect("write");
     let cmd = dev.command(&["run"], None);
     let cmd = {
@@ -404,6 +405,123 @@ fn a_released_0_2_agent_keeps_its_heartbeat_against_the_new_server_config() {
     let start = status_writes(&admin);
     std::thread::sleep(Duration::from_secs(5));
     let writes = status_writes(&admin) - start;
-    assert!(writes >= 4, "{writes} heartbeats in 5 s at heartbeat-secs 1");
-    assert!(traffic(&admin, "dev1").is_none(), "0.2.0 writes no traffic report");
+    assert!(
+        writes >= 4,
+        "{writes} heartbeats in 5 s at heartbeat-secs 1"
+    );
+    assert!(
+        traffic(&admin, "dev1").is_none(),
+        "0.2.0 writes no traffic report"
+    );
+}
+
+/// The PINGs bound how long a silent peer goes unseen, both ways (short
+/// intervals here; docs/operator/traffic.md gives the production bounds):
+/// a stopped agent (its kernel still ACKs, its NATS client says nothing) is
+/// closed by its server within (ping_max + 2) × ping_interval, and the
+/// agent, its PINGs unanswered, takes the link as dead within
+/// (ping-max-outstanding + 1) × ping-secs and reconnects.
+#[test]
+fn a_silent_agent_is_closed_by_its_server_within_the_ping_bound() {
+    let server = NatsServer::start_with_config(NatsVersion::V2_14, |port, store| {
+        let pw = fleet_harness::device_password("dev1");
+        fleet_server_config(&[("dev1", &pw)], NATS_ADMIN_PASSWORD, port, store)
+            .replace("ping_interval: \"240s\"", "ping_interval: \"2s\"")
+    });
+    let (_dev, agent) = agent(&server, "dev1", |s| s.keepalive_secs = 3600);
+    let connected = || !tcp_local_ports(agent.pid(), server.port()).is_empty();
+    assert!(connected());
+    // The agent stops answering: the server's PINGs go unanswered.
+    agent.signal(rustix::process::Signal::STOP);
+    let stopped = Instant::now();
+    let peer_closed = poll_until("the server closing the silent client", CONVERGE, || {
+        (!server_has_client(&server, agent.pid())).then(Instant::now)
+    });
+    agent.signal(rustix::process::Signal::CONT);
+    let took = peer_closed - stopped;
+    eprintln!("the server closed the stopped agent after {took:?}");
+    // Two unanswered PINGs at 2 s, the third fire closes: at most 4 × 2 s
+    // after the agent's last word, and it may have spoken just before.
+    assert!(took <= Duration::from_secs(10), "closed after {took:?}");
+    assert!(
+        took >= Duration::from_secs(3),
+        "closed after {took:?}: too soon for two PINGs"
+    );
+    // The agent reconnects by itself.
+    poll_until("the agent reconnected", CONVERGE, || {
+        connected().then_some(())
+    });
+}
+
+/// Whether the server still has a TCP connection from `pid` (the server's
+/// side: ESTABLISHED or closing, seen from the client's table).
+fn server_has_client(server: &NatsServer, pid: u32) -> bool {
+    let ports = tcp_local_ports(pid, server.port());
+    ports
+        .iter()
+        .any(|p| server_socket_exists(server.port(), *p))
+}
+
+fn server_socket_exists(server_port: u16, peer_port: u16) -> bool {
+    let out = Command::new("ss")
+        .args(["-tnH", "state", "established"])
+        .arg(format!(
+            "( sport = :{server_port} and dport = :{peer_port} )"
+        ))
+        .output()
+        .expect("ss runs (Debian package iproute2)");
+    !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+}
+
+#[test]
+fn a_silent_server_is_seen_by_the_agent_within_its_ping_bound() {
+    let server = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
+    let (_dev, agent) = agent(&server, "dev1", |s| {
+        s.keepalive_secs = 3600;
+        s.ping_secs = 1;
+    });
+    let server_pid = listening_pid(server.port());
+    let from = agent.line_count();
+    // The server stops answering; its kernel still ACKs.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(server_pid).expect("pid"),
+        rustix::process::Signal::STOP,
+    )
+    .expect("SIGSTOP the server");
+    let stopped = Instant::now();
+    let line = agent.try_wait_for_line(from, "NATS connection lost", Duration::from_secs(20));
+    let took = stopped.elapsed();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(server_pid).expect("pid"),
+        rustix::process::Signal::CONT,
+    )
+    .expect("SIGCONT the server");
+    assert!(
+        line.is_some(),
+        "the agent never saw the link die:\n{}",
+        agent.log()
+    );
+    eprintln!("the agent took the silent link as dead after {took:?}");
+    // (2 + 1) × 1 s after the server's last word, which came at most 1 s
+    // before the stop.
+    assert!(took <= Duration::from_secs(5), "after {took:?}");
+    assert!(
+        took >= Duration::from_secs(1),
+        "after {took:?}: too soon for two PINGs"
+    );
+}
+
+/// The pid of the process listening on loopback `port`.
+fn listening_pid(port: u16) -> i32 {
+    let out = Command::new("ss")
+        .args(["-tlnpH"])
+        .arg(format!("( sport = :{port} )"))
+        .output()
+        .expect("ss runs (Debian package iproute2)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split("pid=")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no listener on {port}: {text}"))
 }

@@ -52,6 +52,8 @@ pub struct Settings {
     pub keepalive_secs: u64,
     /// `intervals.traffic-secs`.
     pub traffic_secs: u64,
+    /// `intervals.ping-secs`.
+    pub ping_secs: u64,
 }
 
 impl Settings {
@@ -66,6 +68,7 @@ impl Settings {
             heartbeat_secs: HEARTBEAT_SECS,
             keepalive_secs: HEARTBEAT_SECS,
             traffic_secs: 3600,
+            ping_secs: 200,
         }
     }
 }
@@ -110,6 +113,7 @@ impl Device {
                 "resync-secs": RESYNC_SECS,
                 "check-secs": settings.check_secs,
                 "traffic-secs": settings.traffic_secs,
+                "ping-secs": settings.ping_secs,
             },
             "root": root.path(),
         });
