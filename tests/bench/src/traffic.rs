@@ -8,7 +8,11 @@
 //! Counted from the kernel on the agent's own socket (`ss -ti`): TCP
 //! payload each way (every NATS protocol byte inside its TLS records) plus
 //! 52 B of IPv4/TCP header per segment, pure ACKs included; link-layer
-//! framing not included. Per 30 days = the idle window scaled. Then, on the
+//! framing not included. Per 30 days = the idle window scaled; for ours,
+//! whose slow events (keep-alive hourly, check and traffic report every
+//! 6 h, the server's hourly round-trip PING) rarely fall in a 10-minute
+//! window, plus each of them at its measured cost (below) times its count in
+//! 30 days. Then, on the
 //! same connections: the bytes of one desired change (one workload's spec,
 //! until it runs again), and of an agent upgrade without the artifact: the
 //! intent delivered and answered (no updater here: the agent reports it
@@ -455,7 +459,7 @@ fn knob_row(k: &Knob, c: Counters, window: Duration) -> Row {
     let events = (window.as_secs_f64() / k.short_secs as f64)
         .floor()
         .max(1.0);
-    let per_event = c.wire() as f64 / events;
+    let per_event = per_event(k, c, window);
     let month = |secs: u64| per_event * MONTH.as_secs_f64() / secs as f64;
     let others: Vec<String> = k
         .others
@@ -513,11 +517,17 @@ pub fn traffic_rows(window: Duration) -> Vec<Row> {
     let started = Instant::now();
     std::thread::sleep(window);
     let took = started.elapsed();
-    let knob_rows: Vec<Row> = knobs
+    let knob_counts: Vec<Counters> = knobs
         .iter()
         .zip(&knobs_before)
-        .map(|(k, b)| knob_row(k, k.counters(knob_server.port).since(*b), took))
+        .map(|(k, b)| k.counters(knob_server.port).since(*b))
         .collect();
+    let knob_rows: Vec<Row> = knobs
+        .iter()
+        .zip(&knob_counts)
+        .map(|(k, c)| knob_row(k, *c, took))
+        .collect();
+    let slow = slow_events(&knobs, &knob_counts, took);
     drop(knobs);
     let mut m: Vec<Measured> = sides
         .iter()
@@ -548,13 +558,52 @@ pub fn traffic_rows(window: Duration) -> Vec<Row> {
         std::thread::sleep(AFTER_CHANGE);
         m[i].start_up = s.counters();
     }
-    let mut out = rows(&m[0], &m[1], took);
+    let mut out = rows(&m[0], &m[1], took, &slow);
     out.extend(knob_rows);
     out
 }
 
-fn rows(ours: &Measured, base: &Measured, window: Duration) -> Vec<Row> {
-    let (o, b) = (per_month(ours.idle, window), per_month(base.idle, window));
+/// Bytes on the wire per event of each knob.
+fn per_event(k: &Knob, c: Counters, window: Duration) -> f64 {
+    let events = (window.as_secs_f64() / k.short_secs as f64)
+        .floor()
+        .max(1.0);
+    c.wire() as f64 / events
+}
+
+/// What an idle device's slow events add in 30 days, at their defaults,
+/// beyond the PINGs a window shows: each knob but the PING at its measured
+/// cost and default interval, and the server's own hourly round-trip PING
+/// at a PING's cost.
+#[derive(Debug, Default)]
+struct Slow {
+    month: f64,
+    detail: String,
+}
+
+fn slow_events(knobs: &[Knob], counts: &[Counters], window: Duration) -> Slow {
+    let mut month = 0.0;
+    let mut parts = Vec::new();
+    for (k, c) in knobs.iter().zip(counts) {
+        let e = per_event(k, *c, window);
+        let (what, every) = if k.key == "ping-secs" {
+            ("the server's hourly round-trip PING", 3600)
+        } else {
+            (k.name, k.default_secs)
+        };
+        let m = e * MONTH.as_secs_f64() / every as f64;
+        month += m;
+        parts.push(format!("{what} {}", mib(m)));
+    }
+    Slow {
+        month,
+        detail: parts.join(", "),
+    }
+}
+
+fn rows(ours: &Measured, base: &Measured, window: Duration, slow: &Slow) -> Vec<Row> {
+    let measured = per_month(ours.idle, window);
+    let (o, b) = (measured + slow.month, per_month(base.idle, window));
     let detail = |c: Counters| {
         format!(
             "{} B sent, {} B received, {} + {} segments",
@@ -569,9 +618,11 @@ fn rows(ours: &Measured, base: &Measured, window: Duration) -> Vec<Row> {
             .ratio(format!("{:.2}×", o / b.max(1.0)))
             .target("≤ 5 MiB", Verdict::from_ok(o <= BUDGET_BYTES))
             .note(format!(
-                "Release agent (glibc build) against the released 0.2.0, side by side over the same {} s idle window, each on its own nats-server 2.14 over TLS (harness CA, generated config: server PINGs every 240 s), 3 busybox workloads under Podman, production settings. From the kernel (ss -ti, the agent's socket): TCP payload both ways plus 52 B a segment. Ours: {}; 0.2.0: {}. A silent link is detected by the agent within 3 × 200 s and closed by its server within about 4 × 240 s (docs/operator/traffic.md).",
+                "Release agent (glibc build) against the released 0.2.0, side by side over the same {} s idle window, each on its own nats-server 2.14 over TLS (harness CA, generated config: server PINGs every 240 s), 3 busybox workloads under Podman, production settings. From the kernel (ss -ti, the agent's socket): TCP payload both ways plus 52 B a segment. Ours: {} in the window ({} a month), plus its slow events at their measured costs ({}); 0.2.0: {} (its heartbeat every 30 s, check every 300 s and PINGs every 2 min all fall in the window). A silent link is detected by the agent within 3 × 200 s and closed by its server within about 4 × 240 s (docs/operator/traffic.md).",
                 window.as_secs(),
                 detail(ours.idle),
+                mib(measured),
+                slow.detail,
                 detail(base.idle)
             )),
         Row::new("one desired change on the wire (one workload's spec, until it runs)")
