@@ -30,7 +30,12 @@ use fleet_common::limits::{HTTPS_CONNECT_TIMEOUT, HTTPS_REQUEST_TIMEOUT, MAX_ART
 use fleet_common::validate::{OciReference, OciTarget, Sha256Hex};
 use sha2::Digest;
 
-/// The Debian/Ubuntu system trust store.
+/// The way forward of a failed exchange with the registry
+/// ([`https::transport_message`]).
+const TRANSPORT_HINTS: https::TransportHints = https::TransportHints {
+    certificate: "the registry's certificate is not trusted: give its CA with --ca-file",
+    connect: "check the reference's host and port, and this machine's network",
+};
 /// Read size while hashing the binary.
 const HASH_CHUNK_BYTES: usize = 128 * 1024;
 
@@ -222,13 +227,7 @@ impl fmt::Display for ArtifactError {
                 path.display()
             ),
             Self::Tls(e) => write!(f, "--ca-file: {e}"),
-            Self::Request { what, url, message } => {
-                write!(f, "{what} ({url}): {message}")?;
-                if message.contains("certificate") {
-                    f.write_str("; the registry's certificate is not trusted: give its CA with --ca-file")?;
-                }
-                Ok(())
-            }
+            Self::Request { what, url, message } => write!(f, "{what} ({url}): {message}"),
             Self::Status {
                 what,
                 url,
@@ -461,7 +460,7 @@ impl Registry<'_> {
             Err(ureq::Error::Transport(t)) => Err(ArtifactError::Request {
                 what,
                 url: url.to_owned(),
-                message: transport_message(&t),
+                message: https::transport_message(&t, TRANSPORT_HINTS),
             }),
         }
     }
@@ -480,26 +479,6 @@ fn status(what: &'static str, url: &str, response: ureq::Response) -> ArtifactEr
 fn registry_error(response: ureq::Response) -> Option<String> {
     let body = https::read_body(response, MAX_REGISTRY_ERROR_BYTES).ok()?;
     registry_error_summary(&body)
-}
-
-/// ureq's transport error with its causes.
-fn transport_message(t: &ureq::Transport) -> String {
-    use std::error::Error;
-    let mut msg = t.kind().to_string();
-    if let Some(m) = t.message() {
-        msg.push_str(": ");
-        msg.push_str(m);
-    }
-    let mut source = t.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
 }
 
 #[cfg(test)]
