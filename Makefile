@@ -173,7 +173,7 @@ release: release-device
 release-device:
 	$(CARGO) build --release --target $(DEVICE_TRIPLE) -p fleet-agent -p fleet-updater
 
-## man: the man pages, from the binaries' --help (host debug build), into target/man (scripts/man.sh).
+## man: the man pages (the daemons' from their --help, fleetctl's and its bash completion from its clap definition; host debug build), into target/man (scripts/man.sh).
 MAN_DIR := $(TARGET_DIR)/man
 export MAN_DIR
 man:

@@ -391,7 +391,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             config.intervals.check,
             Arc::clone(&shutdown),
             move |change| match (&to_reconciler, &mut disabled) {
-                (Some(tx), _) => tx.send(ReconcilerMsg::Desired(change)).is_ok(),
+                (Some(tx), _) => tx.send(ReconcilerMsg::Desired(Box::new(change))).is_ok(),
                 (None, Some(d)) => {
                     d.apply(change);
                     true

@@ -423,7 +423,7 @@ impl Settled {
 /// Messages to the reconciler thread.
 #[derive(Debug)]
 pub enum ReconcilerMsg {
-    Desired(DesiredChange),
+    Desired(Box<DesiredChange>),
     Stop,
 }
 
@@ -570,7 +570,7 @@ impl Reconciler {
             if !due {
                 match rx.recv_timeout(wake - now) {
                     Ok(ReconcilerMsg::Desired(change)) => {
-                        self.apply(change);
+                        self.apply(*change);
                         due = true;
                     }
                     Ok(ReconcilerMsg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
@@ -601,7 +601,7 @@ impl Reconciler {
     fn drain(&mut self, rx: &Receiver<ReconcilerMsg>) -> bool {
         loop {
             match rx.try_recv() {
-                Ok(ReconcilerMsg::Desired(change)) => self.apply(change),
+                Ok(ReconcilerMsg::Desired(change)) => self.apply(*change),
                 Ok(ReconcilerMsg::Stop) => return false,
                 Err(mpsc::TryRecvError::Empty) => return true,
                 Err(mpsc::TryRecvError::Disconnected) => return false,

@@ -20,7 +20,7 @@ pub const DESIRED_DOC_KEY: &str = "desired";
 pub const REPUBLISH_PREFIX: &str = "fleetkv";
 /// Operator control: `<device>.agent-upgrade-intent` → `AgentUpgradeAttempt`.
 pub const BUCKET_CONTROL: &str = "fleet-control";
-/// Device reports: `<device>.{info,upgrade,workloads,heartbeat}`.
+/// Device reports: `<device>.{info,upgrade,workloads,heartbeat,health,traffic}`.
 pub const BUCKET_STATUS: &str = "fleet-status";
 
 /// Operator-only state, never exported to `DEVICES` nor republished (a
@@ -48,23 +48,39 @@ pub const ACCOUNT_AUTH: &str = "AUTH";
 /// in the callout's account.
 pub const AUTH_CALLOUT_SUBJECT: &str = "$SYS.REQ.USER.AUTH";
 
-/// The keys a device writes in `fleet-status`.
+/// The keys a device writes in `fleet-status`. The first four keep the
+/// shape agent 0.2.0 wrote (fleetctl 0.2 reads them refusing unknown
+/// fields); what later agents add goes into keys of its own, read
+/// tolerantly (`docs/design/protocol.md`, "Evolution").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StatusKey {
     Info,
     Upgrade,
     Workloads,
     Heartbeat,
+    /// `HealthReport`: per-workload health and reverts (agent 0.3.0 on).
+    Health,
+    /// `TrafficReport`: the agent's own NATS traffic (agent 0.3.0 on).
+    Traffic,
 }
 
 impl StatusKey {
-    pub const ALL: [StatusKey; 4] = [Self::Info, Self::Upgrade, Self::Workloads, Self::Heartbeat];
+    pub const ALL: [StatusKey; 6] = [
+        Self::Info,
+        Self::Upgrade,
+        Self::Workloads,
+        Self::Heartbeat,
+        Self::Health,
+        Self::Traffic,
+    ];
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Info => "info",
             Self::Upgrade => "upgrade",
             Self::Workloads => "workloads",
             Self::Heartbeat => "heartbeat",
+            Self::Health => "health",
+            Self::Traffic => "traffic",
         }
     }
 }

@@ -222,6 +222,29 @@ impl Version {
             Err(ValidationError::Version(v.to_owned()))
         }
     }
+
+    /// The leading `MAJOR.MINOR.PATCH` numbers, if the version starts with
+    /// them (`0.3.0`, `0.3.0-upgrade-test`, `1.4.0+build.1`).
+    pub fn release(&self) -> Option<(u64, u64, u64)> {
+        let end = self.0.find(['-', '+']).unwrap_or(self.0.len());
+        let mut it = self.0[..end].split('.').map(|n| n.parse::<u64>().ok());
+        match (it.next(), it.next(), it.next(), it.next()) {
+            (Some(Some(a)), Some(Some(b)), Some(Some(c)), None) => Some((a, b, c)),
+            _ => None,
+        }
+    }
+
+    /// Whether this version's release is `min` (`MAJOR.MINOR.PATCH`) or
+    /// later. A pre-release or build of a version counts as that version:
+    /// our test and bench agents are pre-releases built from the same
+    /// source. A version that does not start with three numbers is not.
+    pub fn is_at_least(&self, min: &str) -> bool {
+        let min = Version(min.to_owned()).release();
+        match (self.release(), min) {
+            (Some(v), Some(m)) => v >= m,
+            _ => false,
+        }
+    }
 }
 
 /// CPU architectures the fleet runs.

@@ -463,6 +463,8 @@ fn spec() -> WorkloadSpec {
         restart: RestartPolicy::Always,
         pull: PullPolicy::Missing,
         memory_bytes: Some(64 * 1024 * 1024),
+        health: None,
+        update_strategy: UpdateStrategy::StopFirst,
     }
 }
 
@@ -1104,4 +1106,254 @@ fn operator_labels_and_rollout_state() {
     check("rollout-state", &state);
     assert_eq!(state.batch(1), &[d("truck-0002")]);
     assert_eq!(state.batch_of(2), 2);
+}
+
+fn healthy_spec() -> WorkloadSpec {
+    let mut s = spec();
+    s.health = Some(HealthCheck {
+        probe: Some(Probe::Http {
+            port: 8080,
+            path: "/healthz".into(),
+        }),
+        start_period_secs: 5,
+        interval_secs: 10,
+        timeout_secs: 2,
+        retries: 3,
+        healthy_after_secs: DEFAULT_HEALTHY_AFTER_SECS,
+    });
+    s
+}
+
+#[test]
+fn workload_spec_with_health_golden() {
+    check("workload-spec-health", &healthy_spec());
+    let mut exec = spec();
+    exec.ports.clear();
+    exec.update_strategy = UpdateStrategy::StartFirst;
+    exec.health = Some(HealthCheck {
+        probe: Some(Probe::Exec {
+            command: vec!["/bin/check".into(), "--quick".into()],
+        }),
+        ..HealthCheck::default()
+    });
+    check("workload-spec-health-exec-start-first", &exec);
+    // Defaults fill in; a spec without the new fields hashes as before.
+    let tcp = WorkloadSpec::from_json(
+        br#"{"image":"x","ports":[{"host":9000,"container":9000}],"health":{"probe":{"kind":"tcp","port":9000}}}"#,
+    )
+    .expect("tcp probe");
+    let h = tcp.health.as_ref().expect("health");
+    assert_eq!((h.interval_secs, h.timeout_secs, h.retries), (10, 2, 3));
+    assert_eq!(h.deadline_secs(), 32);
+    assert_eq!(HealthCheck::default().deadline_secs(), 10);
+    let golden_minimal = std::fs::read(golden_path("workload-spec-minimal")).expect("golden");
+    let minimal = WorkloadSpec::from_json(&golden_minimal).expect("parses");
+    assert!(minimal.health.is_none() && minimal.update_strategy.is_default());
+    assert_eq!(
+        serde_json::to_vec(&minimal).expect("json"),
+        br#"{"image":"localhost/busybox:test","restart":"always","pull":"missing"}"#,
+        "the canonical form (and so the spec hash) of a spec without the new fields is unchanged"
+    );
+}
+
+#[test]
+fn workload_spec_health_refusals() {
+    let port = r#""ports":[{"host":8080,"container":80}]"#;
+    let cases: Vec<(String, &str)> = vec![
+        (
+            format!(r#"{{"image":"x",{port},"health":{{"interval-secs":0}}}}"#),
+            "interval-secs is 1 to 3600",
+        ),
+        (
+            format!(r#"{{"image":"x",{port},"health":{{"interval-secs":3601}}}}"#),
+            "interval-secs is 1 to 3600",
+        ),
+        (
+            format!(r#"{{"image":"x",{port},"health":{{"interval-secs":5,"timeout-secs":6}}}}"#),
+            "may not be longer than interval-secs",
+        ),
+        (
+            format!(r#"{{"image":"x",{port},"health":{{"retries":0}}}}"#),
+            "retries is 1 to 10",
+        ),
+        (
+            format!(r#"{{"image":"x",{port},"health":{{"start-period-secs":4000}}}}"#),
+            "start-period-secs is 0 to 3600",
+        ),
+        (
+            format!(r#"{{"image":"x",{port},"health":{{"probe":{{"kind":"http","port":0}}}}}}"#),
+            "a probe port is 1 to 65535",
+        ),
+        (
+            format!(
+                r#"{{"image":"x",{port},"health":{{"probe":{{"kind":"http","port":70000}}}}}}"#
+            ),
+            "not valid JSON",
+        ),
+        (
+            format!(r#"{{"image":"x",{port},"health":{{"probe":{{"kind":"tcp","port":9090}}}}}}"#),
+            "a TCP host port the workload publishes",
+        ),
+        (
+            format!(
+                r#"{{"image":"x",{port},"health":{{"probe":{{"kind":"http","port":8080,"path":"no-slash"}}}}}}"#
+            ),
+            "path starts with '/'",
+        ),
+        (
+            r#"{"image":"x","health":{"probe":{"kind":"exec","command":[]}}}"#.to_owned(),
+            "needs a command",
+        ),
+        (
+            format!(
+                r#"{{"image":"x","health":{{"probe":{{"kind":"exec","command":{}}}}}}}"#,
+                serde_json::to_string(&vec!["a"; 17]).expect("json")
+            ),
+            "at most 16 arguments",
+        ),
+        (
+            format!(
+                r#"{{"image":"x","health":{{"probe":{{"kind":"exec","command":[{:?}]}}}}}}"#,
+                "a".repeat(1025)
+            ),
+            "at most 1024 characters",
+        ),
+        (
+            r#"{"image":"x","health":{"probe":{"kind":"shell","command":"true"}}}"#.to_owned(),
+            "not valid JSON",
+        ),
+        (
+            r#"{"image":"x","health":{"probe":{"kind":"tcp","port":1,"extra":1}}}"#.to_owned(),
+            "not valid JSON",
+        ),
+        (
+            format!(r#"{{"image":"x",{port},"update-strategy":"start-first"}}"#),
+            "only for workloads without host ports",
+        ),
+        (
+            r#"{"image":"x","update-strategy":"blue-green"}"#.to_owned(),
+            "not valid JSON",
+        ),
+    ];
+    for (json, want) in cases {
+        let err = WorkloadSpec::from_json(json.as_bytes())
+            .expect_err(&json)
+            .to_string();
+        assert!(err.contains(want), "{json}: {err}");
+    }
+}
+
+#[test]
+fn new_spec_fields_need_the_agent_version_that_reads_them() {
+    let plain = spec();
+    let v = |s: &str| Version::parse(s).expect("version");
+    assert_eq!(plain.needs_agent(&v("0.1.0")), Ok(()));
+    let h = healthy_spec();
+    assert_eq!(h.versioned_fields(), vec![("health", "0.3.0")]);
+    assert_eq!(h.needs_agent(&v("0.2.0")), Err(("health", "0.3.0")));
+    assert_eq!(h.needs_agent(&v("0.3.0")), Ok(()));
+    assert_eq!(h.needs_agent(&v("0.3.0-upgrade-test")), Ok(()));
+    assert_eq!(h.needs_agent(&v("1.0.0+build.7")), Ok(()));
+    assert_eq!(h.needs_agent(&v("dev")), Err(("health", "0.3.0")));
+    let mut sf = spec();
+    sf.ports.clear();
+    sf.update_strategy = UpdateStrategy::StartFirst;
+    assert_eq!(
+        sf.needs_agent(&v("0.2.9")),
+        Err(("update-strategy", "0.3.0"))
+    );
+    // Every versioned field is named in the table.
+    for (field, since) in SPEC_FIELDS_SINCE {
+        assert!(
+            Version::parse(since).expect("version").release().is_some(),
+            "{field}"
+        );
+    }
+}
+
+fn health_report() -> HealthReport {
+    let sha = |c: char| Sha256Hex::parse(&c.to_string().repeat(64)).expect("sha");
+    HealthReport {
+        workloads: BTreeMap::from([
+            (
+                WorkloadName::parse("telemetry").expect("name"),
+                WorkloadHealth {
+                    health: HealthState::Healthy,
+                    spec_hash: sha('a'),
+                    last_probe: Some(ProbeResult {
+                        at: t(9_000),
+                        ok: true,
+                        took_ms: 3,
+                        detail: Some(BoundedText::truncate("HTTP 200")),
+                    }),
+                    restarts_last_hour: 0,
+                    reverted: None,
+                    since: t(1_000),
+                },
+            ),
+            (
+                WorkloadName::parse("web").expect("name"),
+                WorkloadHealth {
+                    health: HealthState::Healthy,
+                    spec_hash: sha('b'),
+                    last_probe: None,
+                    restarts_last_hour: 4,
+                    reverted: Some(Revert {
+                        failed_spec_hash: sha('c'),
+                        restored_spec_hash: sha('b'),
+                        reason: RevertReason::CrashLoop,
+                        detail: Some(BoundedText::truncate(
+                            "the container exited 3 times within 40 s (exit code 1)",
+                        )),
+                        at: t(8_000),
+                    }),
+                    since: t(8_000),
+                },
+            ),
+        ]),
+        observed_at: t(10_000),
+    }
+}
+
+#[test]
+fn health_report_golden_and_read_tolerantly() {
+    check("health-report", &health_report());
+    // A newer agent's report, with a state, a reason and fields this reader
+    // does not know, still reads.
+    let newer = br#"{"workloads":{"web":{"health":"degraded","spec-hash":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","since":"2026-11-30T09:04:31.000Z","cpu":"high","reverted":{"failed-spec-hash":"cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc","restored-spec-hash":"bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb","reason":"oom","at":"2026-11-30T09:04:31.000Z"}}},"observed-at":"2026-11-30T09:04:31.000Z","site":"x"}"#;
+    let r: HealthReport = serde_json::from_slice(newer).expect("tolerant");
+    let w = &r.workloads[&WorkloadName::parse("web").expect("name")];
+    assert_eq!(w.health, HealthState::Other);
+    assert_eq!(
+        w.reverted.as_ref().map(|r| r.reason),
+        Some(RevertReason::Other)
+    );
+}
+
+#[test]
+fn traffic_report_golden_and_read_tolerantly() {
+    let c = TrafficCounters {
+        bytes_sent: 1_200,
+        bytes_received: 900,
+        segments_sent: 20,
+        segments_received: 18,
+        reconnects: 1,
+    };
+    let report = TrafficReport {
+        since: t(0),
+        total: c,
+        today: TrafficDay {
+            day: "2026-11-30".into(),
+            counters: c,
+        },
+        yesterday: None,
+        observed_at: t(60_000),
+    };
+    check("traffic-report", &report);
+    assert_eq!(c.wire_bytes(), 2_100 + 38 * TCP_IPV4_HEADER_BYTES);
+    let mut v = serde_json::to_value(&report).expect("value");
+    v["total"]["tls-bytes"] = 5.into();
+    v["new-field"] = true.into();
+    let back: TrafficReport = serde_json::from_value(v).expect("tolerant");
+    assert_eq!(back, report);
 }

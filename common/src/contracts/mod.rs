@@ -4,6 +4,7 @@
 mod attempt;
 mod bounded;
 mod device;
+mod health;
 mod journal;
 mod local;
 mod oci;
@@ -12,6 +13,7 @@ mod release;
 mod seen;
 mod selftest;
 mod status;
+mod traffic;
 mod workload;
 
 pub use attempt::AgentUpgradeAttempt;
@@ -19,6 +21,11 @@ pub use bounded::{Bounded, Transitions};
 pub use device::{
     ConfigState, ConfigStateReport, DeviceInfo, Freeze, FreezeFile, Heartbeat, PodmanUnreachable,
     Stopping,
+};
+pub use health::{
+    HealthCheck, HealthReport, HealthState, Probe, ProbeResult, Revert, RevertReason,
+    UpdateStrategy, WorkloadHealth, DEFAULT_HEALTHY_AFTER_SECS, MAX_HEALTH_PATH_CHARS,
+    MAX_HEALTH_PERIOD_SECS, MAX_HEALTH_RETRIES, MAX_PROBE_ARGS, MAX_PROBE_ARG_CHARS,
 };
 pub use journal::{
     FinishedAttempt, Journal, JournalError, JournalPhase, JournalTransition, Transaction,
@@ -48,8 +55,9 @@ pub use status::{
     FieldExcerpt, IntentRef, IntentRule, RefusalReason, RefusedIntent, StatusTransition,
     UpgradePhase, UpgradeReason, UpgradeReport, UpgradeStatus,
 };
+pub use traffic::{TrafficCounters, TrafficDay, TrafficReport, TCP_IPV4_HEADER_BYTES};
 pub use workload::{
     AppliedSpecs, DesiredWorkloads, DesiredWorkloadsRaw, ImageRef, PortMapping, Protocol,
     PullPolicy, RestartPolicy, SpecError, SpecParseError, VolumeMount, WorkloadSpec, WorkloadState,
-    WorkloadStatus, WorkloadsReport,
+    WorkloadStatus, WorkloadsReport, SPEC_FIELDS_SINCE,
 };

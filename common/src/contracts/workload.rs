@@ -8,9 +8,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::contracts::health::{HealthCheck, UpdateStrategy};
 use crate::contracts::PodmanUnreachable;
 use crate::time::Timestamp;
-use crate::validate::{BoundedText, Sha256Hex, WorkloadName};
+use crate::validate::{BoundedText, Sha256Hex, Version, WorkloadName};
 
 /// A container image reference as Podman takes it
 /// (`registry/repo:tag`, `repo@sha256:...`, `localhost/name:tag`).
@@ -74,6 +75,12 @@ pub enum SpecError {
         what: &'static str,
         max: usize,
     },
+    Health {
+        why: &'static str,
+    },
+    Strategy {
+        why: &'static str,
+    },
 }
 
 impl fmt::Display for SpecError {
@@ -85,6 +92,8 @@ impl fmt::Display for SpecError {
             Self::Port { why } => write!(f, "invalid port mapping: {why}"),
             Self::Volume(v) => write!(f, "invalid volume {v:?}: the host side is a named volume ([a-z0-9][a-z0-9_.-]*) or an absolute path without '..', the container side an absolute path"),
             Self::TooMany { what, max } => write!(f, "too many {what}: at most {max}"),
+            Self::Health { why } => write!(f, "invalid health: {why}"),
+            Self::Strategy { why } => write!(f, "invalid update-strategy: {why}"),
         }
     }
 }
@@ -164,7 +173,24 @@ pub struct WorkloadSpec {
     /// Memory limit in bytes (`podman --memory`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
+    /// How the agent decides the container serves (agent 0.3.0 and later:
+    /// [`SPEC_FIELDS_SINCE`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthCheck>,
+    /// How a changed spec replaces the running container (agent 0.3.0 and
+    /// later).
+    #[serde(default, skip_serializing_if = "UpdateStrategy::is_default")]
+    pub update_strategy: UpdateStrategy,
 }
+
+/// The optional spec fields not every agent in the field reads, each with
+/// the first agent version that does. An older agent refuses a spec that
+/// carries one as invalid (every version reads specs with
+/// `deny_unknown_fields`) and keeps its running container, so fleetctl
+/// never writes such a spec to an older device
+/// ([`WorkloadSpec::needs_agent`]). A field is added here when it is added
+/// to [`WorkloadSpec`]; it leaves only when no supported agent predates it.
+pub const SPEC_FIELDS_SINCE: &[(&str, &str)] = &[("health", "0.3.0"), ("update-strategy", "0.3.0")];
 
 impl WorkloadSpec {
     pub const MAX_ARGS: usize = 64;
@@ -236,6 +262,46 @@ impl WorkloadSpec {
                 what: "memory-bytes",
                 why: "use a positive number of bytes or leave it out",
             });
+        }
+        if let Some(h) = &self.health {
+            let tcp: Vec<u16> = self
+                .ports
+                .iter()
+                .filter(|p| p.protocol == Protocol::Tcp)
+                .map(|p| p.host)
+                .collect();
+            h.validate(&tcp)?;
+        }
+        if self.update_strategy == UpdateStrategy::StartFirst && !self.ports.is_empty() {
+            return Err(SpecError::Strategy {
+                why: "start-first runs the new container beside the old one, so it is only for workloads without host ports; use stop-first",
+            });
+        }
+        Ok(())
+    }
+
+    /// The optional fields this spec uses that not every agent reads, with
+    /// the first agent version that reads each ([`SPEC_FIELDS_SINCE`]).
+    pub fn versioned_fields(&self) -> Vec<(&'static str, &'static str)> {
+        SPEC_FIELDS_SINCE
+            .iter()
+            .copied()
+            .filter(|(field, _)| match *field {
+                "health" => self.health.is_some(),
+                "update-strategy" => !self.update_strategy.is_default(),
+                _ => false,
+            })
+            .collect()
+    }
+
+    /// Whether an agent of `version` reads this spec; otherwise the first
+    /// field it would refuse and the version that field needs. A version
+    /// that does not read as `MAJOR.MINOR.PATCH...` is taken as too old.
+    pub fn needs_agent(&self, version: &Version) -> Result<(), (&'static str, &'static str)> {
+        for (field, since) in self.versioned_fields() {
+            if !version.is_at_least(since) {
+                return Err((field, since));
+            }
         }
         Ok(())
     }
@@ -310,6 +376,20 @@ pub enum WorkloadState {
     /// Not known now: Podman does not answer (the report says since when
     /// and why). The container may well run; nobody can tell.
     Unknown,
+}
+
+impl WorkloadState {
+    /// The state's name, as the reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::Exited => "exited",
+            Self::BackOff => "back-off",
+            Self::Invalid => "invalid",
+            Self::Unknown => "unknown",
+        }
+    }
 }
 
 /// What a device reports for one workload.
@@ -406,4 +486,26 @@ pub struct AppliedSpecs {
 
 impl AppliedSpecs {
     pub const FORMAT: u32 = 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workload_states_name_is_its_wire_spelling() {
+        for s in [
+            WorkloadState::Pending,
+            WorkloadState::Running,
+            WorkloadState::Exited,
+            WorkloadState::BackOff,
+            WorkloadState::Invalid,
+            WorkloadState::Unknown,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&s).expect("serialize"),
+                format!("\"{}\"", s.name())
+            );
+        }
+    }
 }
