@@ -51,7 +51,7 @@ pub const AUTH_CALLOUT_SUBJECT: &str = "$SYS.REQ.USER.AUTH";
 /// The keys a device writes in `fleet-status`. The first four keep the
 /// shape agent 0.2.0 wrote (fleetctl 0.2 reads them refusing unknown
 /// fields); what later agents add goes into keys of its own, read
-/// tolerantly (`docs/design/protocol.md`, "Evolution").
+/// tolerantly (`docs/design/protocol.md`, "Evolution rules").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StatusKey {
     Info,
