@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lays out the installed files, for `make install` and for the packages.
 #
-#   stage.sh device   ROOT BIN_DIR    the device package: fixed paths (DESIGN.md "On the device")
+#   stage.sh device   ROOT BIN_DIR    the device package: fixed paths (docs/design/architecture.md "Paths on a device")
 #   stage.sh fleetctl ROOT BIN_DIR PREFIX
 #                                     the operator CLI under PREFIX
 #   stage.sh list device|fleetctl [PREFIX]

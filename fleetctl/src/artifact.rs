@@ -1,6 +1,6 @@
-//! `fleetctl artifact push <oci-ref> <binary>`: publishes an agent binary
-//! as a fleet agent release in an OCI registry (DESIGN.md "Artifacts"), so
-//! no other tool is needed.
+//! `fleetctl artifact push <oci-ref> <binary>`: publishes an agent binary as a
+//! fleet agent release in an OCI registry (`docs/design/upgrade.md`
+//! "Artifacts"), so no other tool is needed.
 //!
 //! Steps: validate the reference (a tag) and the binary (a regular file of
 //! 1 byte to the 100 MiB ceiling), hash it while reading; upload the OCI

@@ -10,7 +10,7 @@
 //! `fleet-desired` `<device>.<workload>`: as long as that bucket exists (a
 //! fleet that may still run 0.1.0, or roll back to it), the same change is
 //! written there too, after the document. Deleting the bucket retires it
-//! (README "Mixed fleets").
+//! (`docs/operator/mixed-fleets.md`).
 
 use std::fmt::Write;
 use std::path::Path;

@@ -1,6 +1,7 @@
-//! Workloads: the desired `WorkloadSpec` an operator puts at
-//! `fleet-desired` `<device>.<workload>`, and the observed state a device
-//! reports at `fleet-status` `<device>.workloads`.
+//! Workloads: the desired `WorkloadSpec` an operator puts in a device's
+//! document at `fleet-workloads` `<device>.desired` (and, for agents 0.1.0,
+//! at `fleet-desired` `<device>.<workload>`), and the observed state a
+//! device reports at `fleet-status` `<device>.workloads`.
 
 use std::collections::BTreeMap;
 use std::fmt;

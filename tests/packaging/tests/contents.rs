@@ -13,7 +13,8 @@ use fleet_packaging_tests::{
     rpm_query, run, workspace_version, Arch, Entry, Role,
 };
 
-/// The device package's files and modes (DESIGN.md "On the device"; the
+/// The device package's files and modes (`docs/design/architecture.md`
+/// "Paths on a device"; the
 /// bootstrap agent is not at a managed `fleet-agent-v<version>` path, so a
 /// package upgrade can never delete a version the active link points at).
 const DEVICE_FILES: &[(&str, u32)] = &[
