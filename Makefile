@@ -35,7 +35,8 @@ export CC_aarch64_unknown_linux_musl := aarch64-linux-gnu-gcc
 export AR_aarch64_unknown_linux_musl := aarch64-linux-gnu-ar
 
 # `make install`: DESTDIR stages, PREFIX places the operator CLI (fleetctl).
-# The device files keep the fixed paths of DESIGN.md "On the device" whatever
+# The device files keep the fixed paths of docs/design/architecture.md
+# ("Paths on a device") whatever
 # PREFIX says: the units, the updater and the active link name them.
 DESTDIR ?=
 PREFIX ?= /usr/local
@@ -149,7 +150,7 @@ demo: deps build
 # cutover::NEXT_VERSION); built in its own target dir so the release build
 # of the workspace stays as it is.
 BENCH_NEXT_VERSION := 0.3.0-bench
-## bench: every DESIGN.md target measured on release builds (the shipped static musl daemons; glibc beside) with a baseline from the same run (markdown table, also in target/bench/last-run.md; ~20 min, 16 of them the scale section). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
+## bench: every target of docs/development/bench.md measured on release builds (the shipped static musl daemons; glibc beside) with a baseline from the same run (each section's table into docs/bench/<section>.md, the whole in target/bench/last-run.md; ~20 min, 16 of them the scale section). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
 # The daemons measured against the targets are the amd64 package's (static
 # musl, DEVICE_TRIPLE_amd64); the glibc release build of the workspace is
 # measured beside them.
@@ -172,7 +173,7 @@ release: release-device
 release-device:
 	$(CARGO) build --release --target $(DEVICE_TRIPLE) -p fleet-agent -p fleet-updater
 
-## man: the man pages, from the binaries' --help (host debug build), into target/man (scripts/man.sh).
+## man: the man pages (the daemons' from their --help, fleetctl's and its bash completion from its clap definition; host debug build), into target/man (scripts/man.sh).
 MAN_DIR := $(TARGET_DIR)/man
 export MAN_DIR
 man:

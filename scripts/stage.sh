@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lays out the installed files, for `make install` and for the packages.
 #
-#   stage.sh device   ROOT BIN_DIR    the device package: fixed paths (DESIGN.md "On the device")
+#   stage.sh device   ROOT BIN_DIR    the device package: fixed paths (docs/design/architecture.md "Paths on a device")
 #   stage.sh fleetctl ROOT BIN_DIR PREFIX
 #                                     the operator CLI under PREFIX
 #   stage.sh list device|fleetctl [PREFIX]
@@ -11,12 +11,13 @@
 # binaries of one architecture. Modes are set here; owners are root in the
 # packages (dpkg-deb --root-owner-group, %attr in the spec) and whoever runs
 # `make install` otherwise (root, on a device). MAN_DIR holds the man pages
-# scripts/man.sh wrote (default target/man).
+# and fleetctl's bash completion scripts/man.sh wrote (default target/man).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # path-in-root  mode  source (bin:NAME = BIN_DIR/NAME, link:TARGET = a symlink,
-# man:PAGE = MAN_DIR/PAGE gzipped, as Debian policy wants man pages)
+# man:PAGE = MAN_DIR/PAGE gzipped, as Debian policy wants man pages,
+# generated:FILE = MAN_DIR/FILE as it is)
 device_files() {
 	cat <<'EOF'
 usr/lib/harmony-fleet/fleet-updater 0755 bin:fleet-updater
@@ -39,9 +40,14 @@ fleetctl_files() {
 	cat <<EOF
 $prefix/bin/fleetctl 0755 bin:fleetctl
 $prefix/share/doc/harmony-fleetctl/copyright 0644 packaging/copyright
-$prefix/share/man/man1/fleetctl.1.gz 0644 man:fleetctl.1
-$prefix/share/bash-completion/completions/fleetctl 0644 packaging/completion/fleetctl.bash
+$prefix/share/bash-completion/completions/fleetctl 0644 generated:fleetctl.bash
 EOF
+	# One page per command, as `fleetctl generate man` wrote them; without
+	# them the literal name below is missing, and staging says so.
+	local page
+	for page in "${MAN_DIR:-target/man}"/fleetctl.1 "${MAN_DIR:-target/man}"/fleetctl-*.1; do
+		echo "$prefix/share/man/man1/${page##*/}.gz 0644 man:${page##*/}"
+	done
 }
 
 files_of() {
@@ -74,6 +80,10 @@ stage() {
 			gzip -9nc "$from" >"$root/$path"
 			chmod "$mode" "$root/$path"
 			continue
+			;;
+		generated:*)
+			from=$man_dir/${src#generated:}
+			[[ -f $from ]] || { echo "stage.sh: missing $from: generate it first (make man)" >&2; exit 1; }
 			;;
 		*) from=$src ;;
 		esac

@@ -1,5 +1,5 @@
-//! The agent's local API on `agent.sock` (DESIGN.md "Local socket
-//! protocol"): `status` (the agent's view) and `configstate` (read, or set
+//! The agent's local API on `agent.sock` (`docs/design/protocol.md` "The
+//! local sockets"): `status` (the agent's view) and `configstate` (read, or set
 //! `changefreeze` / `configured`).
 //!
 //! Who may call: root, members of group `fleet-control`, and the agent's

@@ -25,13 +25,13 @@
 //! every 10 s while it is waited on (before READY also as `STATUS=`;
 //! [`crate::startup`]), so a stall names itself.
 //!
-//! Drain on SIGTERM or SIGINT (seed 002, "Stop, switch, start"): close the
-//! mutation gate, wait for the mutation in flight, stop the threads,
-//! publish the acknowledged `stopping` heartbeat with the drain duration
-//! (and, when the updater is stopping this agent for a cutover, the
-//! upgrade status `stopping` with reason `updater`, side by side), flush
-//! NATS, close the agent socket, send STOPPING=1, exit — within systemd's
-//! 60 s. The socket answers (`draining`) until then.
+//! Drain on SIGTERM or SIGINT (`docs/design/upgrade.md` "Stop, switch, start"):
+//! close the mutation gate, wait for the mutation in flight, stop the threads,
+//! publish the acknowledged `stopping` heartbeat with the drain duration (and,
+//! when the updater is stopping this agent for a cutover, the upgrade status
+//! `stopping` with reason `updater`, side by side), flush NATS, close the agent
+//! socket, send STOPPING=1, exit — within systemd's 60 s. The socket answers
+//! (`draining`) until then.
 
 use std::fmt;
 use std::io;
@@ -486,7 +486,8 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     if !gate.wait_idle(DRAIN_BUDGET) {
         log::error!(device = device.as_str(); "{} still in flight after {} s; exiting without it", in_flight.unwrap_or_default(), DRAIN_BUDGET.as_secs());
     }
-    // The drain is the wait for the mutation in flight (seed 002).
+    // The drain is the wait for the mutation in flight
+    // (`docs/design/upgrade.md` "Stop, switch, start").
     let drain = drain_start.elapsed();
     if let Some(r) = reconciler {
         r.stop();

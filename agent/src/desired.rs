@@ -1,4 +1,4 @@
-//! Desired state: the `fleet-desired` keys of this device, validated.
+//! Desired state: this device's desired-workloads document, validated.
 //!
 //! A [`Watcher`] on `fleet-workloads` `<device>.desired` (one document per
 //! device, [`DesiredWorkloadsRaw`]) yields the document's workloads as raw

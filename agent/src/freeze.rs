@@ -1,4 +1,4 @@
-//! The change freeze (DESIGN.md "Change freeze"): its rules, its state and
+//! The change freeze (`docs/design/freeze.md`): its rules, its state and
 //! its persistence.
 //!
 //! [`FreezeControl`] owns the agent's config state (`configured` or
@@ -19,8 +19,9 @@
 //! the `configured` file is written, then the gate opens and forwarding is
 //! allowed again (the current intent is then handled). Any caller the
 //! socket admits may unfreeze, not only the one that froze: the freezer's
-//! uid is recorded and reported, and the seed's "the external entity ends
-//! it" is whoever controls the device locally (root or `fleet-control`).
+//! uid is recorded and reported, and the original design's "the external
+//! entity ends it" is whoever controls the device locally (root or
+//! `fleet-control`; `docs/design/freeze.md` "Who may call").
 //!
 //! The freeze file (`freeze.json`, mode 0644: the root updater reads it and
 //! refuses `upgrade` while it says frozen) is read once at start. A file
@@ -142,7 +143,8 @@ pub fn updater_view(path: &Path, timeout: Duration) -> UpdaterView {
 /// What a freeze decision needs besides the gate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conditions {
-    /// The current desired-state consumer has read a complete snapshot.
+    /// The desired-state watcher has read a complete snapshot since the last
+    /// (re)connect.
     pub snapshot_complete: bool,
     /// How long NATS has been unreachable (since start when never
     /// connected); `None` while connected.
@@ -486,7 +488,8 @@ impl FreezeControl {
                     reason,
                     caller_uid: caller,
                 });
-                // Answered only once written (seed 000): a freeze that
+                // Answered only once written (`docs/design/freeze.md`
+                // "Entering"): a freeze that
                 // cannot be recorded is refused with its own reason.
                 replace_state(&self.path, &state, &ConfigState::Configured)
                     .map(|()| state)

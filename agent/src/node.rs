@@ -1,9 +1,9 @@
-//! `fleet-agent node freeze|unfreeze|status`: a client of the running
-//! agent's local API, for a technician or a script (the seed's `hzn node
-//! freeze`). One request, bounded in time, one answer printed as a human
-//! line or (`--json`) as the agent's JSON response, and an exit code that
-//! says which way it went ([`EXIT_REFUSED`], [`EXIT_FORBIDDEN`],
-//! [`EXIT_UNREACHABLE`]).
+//! `fleet-agent node freeze|unfreeze|status`: a client of the running agent's
+//! local API, for a technician or a script (what `hzn node freeze` is in the
+//! design it comes from: `docs/design/freeze.md`). One request, bounded in
+//! time, one answer printed as a human line or (`--json`) as the agent's JSON
+//! response, and an exit code that says which way it went ([`EXIT_REFUSED`],
+//! [`EXIT_FORBIDDEN`], [`EXIT_UNREACHABLE`]).
 //!
 //! The socket is the production one, or the one under the `root` of the
 //! config given with `--config` (only that key is read: the rest of the

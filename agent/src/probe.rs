@@ -1,5 +1,6 @@
-//! Probe mode, `fleet-agent --self-test`: the candidate check the updater
-//! runs before a cutover (seed 002, "Preparation and probe"). In order:
+//! Probe mode, `fleet-agent --self-test`: the candidate check the updater runs
+//! before a cutover (`docs/design/upgrade.md` "Preparation and probe"). In
+//! order:
 //!
 //! | step | checks | exit code |
 //! |---|---|---|
@@ -12,9 +13,10 @@
 //! | `updater-socket` | the updater socket accepts a connection | 16 |
 //! | `snapshot` | the document is a complete desired state (workloads counted, invalid ones named) | 17 |
 //!
-//! The reads are the agent's own read path (DESIGN.md, generation 2: no
-//! consumer; this replaces seed 002's "creates a filtered desired-state
-//! consumer", whose purpose — authenticate, reach the keys, read a complete
+//! The reads are the agent's own read path (generation 2: no consumer;
+//! this replaces the upgrade design's "creates a filtered desired-state
+//! consumer", a decided deviation in `docs/design/upgrade.md` "What binds
+//! us", whose purpose — authenticate, reach the keys, read a complete
 //! snapshot — stays). It takes no lock, starts no loop, publishes no status
 //! or heartbeat, creates nothing on the server and mutates no workload: the
 //! live agent keeps running beside it. The whole probe is bounded by

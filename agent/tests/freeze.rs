@@ -1121,8 +1121,8 @@ fn fill(dir: &Path) -> std::path::PathBuf {
 
 /// Issue 20: the agent's state directory on a full tmpfs. A freeze that
 /// cannot be written is refused with its own reason, `not-persisted`, and
-/// changes nothing (seed 000: answered only once written); once space is
-/// freed the freeze is accepted and on disk.
+/// changes nothing (answered only once written: `docs/design/freeze.md`
+/// "Entering"); once space is freed the freeze is accepted and on disk.
 #[test]
 fn a_freeze_that_cannot_be_written_is_refused_as_not_persisted() {
     let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);

@@ -22,9 +22,9 @@
 //! ```
 //!
 //! Only the first four and the NATS and seed entries are required; the rest
-//! have the defaults shown (`https_ca_file` absent: the built-in web PKI
-//! roots; `nats_ca_file` absent: the nats crate's system roots when the URL
-//! is `tls://`).
+//! have the defaults shown (`https_ca_file` absent: the system trust store;
+//! `nats_ca_file` absent: the nats crate's system roots when the URL is
+//! `tls://`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -77,7 +77,7 @@ pub struct BearerPolicy {
     /// `Callout::decide`).
     pub max_user_lifetime_secs: i64,
     /// Which device protocols the granted permissions serve (generation 1,
-    /// agent 0.1.0, too until it is retired: README "Mixed fleets").
+    /// agent 0.1.0, too until it is retired: `docs/operator/mixed-fleets.md`).
     pub device_protocols: fleet_common::subjects::DeviceProtocols,
 }
 

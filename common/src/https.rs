@@ -253,6 +253,56 @@ pub fn agent(trust: Trust<'_>, settings: ClientSettings) -> Result<ureq::Agent, 
         .build())
 }
 
+/// What a caller of [`transport_message`] tells its user to do, in the
+/// words of its own configuration (the updater's config file, fleetctl's
+/// flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransportHints {
+    /// When the server's certificate is not trusted.
+    pub certificate: &'static str,
+    /// When the connection or the name lookup failed.
+    pub connect: &'static str,
+}
+
+/// ureq's transport error without the URL (the caller names it), with its
+/// causes each said once, and the way forward for the usual ones: a stall,
+/// an untrusted certificate (`hints.certificate`), no connection
+/// (`hints.connect`).
+pub fn transport_message(t: &ureq::Transport, hints: TransportHints) -> String {
+    use std::error::Error;
+    let kind = t.kind().to_string();
+    let mut msg = kind.clone();
+    if let Some(m) = t.message() {
+        msg.push_str(": ");
+        msg.push_str(m);
+    }
+    let mut source = t.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        // ureq's I/O errors may wrap its own transport error: its kind
+        // would be said twice.
+        let text = text.strip_prefix(&format!("{kind}: ")).unwrap_or(&text);
+        if !msg.contains(text) {
+            msg.push_str(": ");
+            msg.push_str(text);
+        }
+        source = s.source();
+    }
+    if msg.contains("timed out") {
+        msg.push_str("; the server stalled");
+    } else if msg.contains("certificate") {
+        msg.push_str("; ");
+        msg.push_str(hints.certificate);
+    } else if matches!(
+        t.kind(),
+        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
+    ) {
+        msg.push_str("; ");
+        msg.push_str(hints.connect);
+    }
+    msg
+}
+
 /// Why one HTTPS exchange failed once the client was built; each names the
 /// URL. Callers wrap it in their own error with what they add (the config
 /// key of their CA file, the statuses they refuse).

@@ -1,5 +1,5 @@
 //! The JetStream API as it appears on the wire, for the thin JetStream layers
-//! of the agent (device-scoped, DESIGN.md "How a device talks to JetStream")
+//! of the agent (device-scoped, `docs/design/protocol.md`)
 //! and fleetctl (admin, pipelined): response bodies, the `$JS.ACK` reply
 //! subject of a push delivery, and the headers both read. No connection
 //! here: callers publish and subscribe with the `nats` crate.
@@ -160,8 +160,8 @@ pub enum Verdict {
 }
 
 /// The sequence of the value of one key a device holds, and the rule for
-/// what replaces it: only a newer sequence (DESIGN.md "How a device talks
-/// to JetStream", generation 2). Shared by the agent and the fleet
+/// what replaces it: only a newer sequence (`docs/design/protocol.md`
+/// "Generation 2: reads without a consumer"). Shared by the agent and the fleet
 /// simulator so both decide alike.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KeyTracker {

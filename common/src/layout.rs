@@ -1,4 +1,5 @@
-//! The path layout of a device (DESIGN.md "On the device"). Every managed
+//! The path layout of a device (`docs/design/architecture.md` "Paths on a
+//! device"). Every managed
 //! path derives from one root prefix — `/` in production, a temp dir in tests —
 //! fixed when a daemon starts and never chosen by a caller.
 

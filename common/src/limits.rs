@@ -1,25 +1,26 @@
-//! Every limit of the upgrade design (seed 002, "Limits") and of DESIGN.md, as
-//! named constants with their unit in the name. Nothing else in the workspace
-//! spells these numbers.
+//! Every limit, as named constants with their unit in the name; each one
+//! and why: `docs/design/limits.md`. Those marked "binding" are the upgrade
+//! design's limits (`docs/design/upgrade.md` "Limits"). Nothing else in the
+//! workspace spells these numbers.
 
 use std::time::Duration;
 
-/// HTTPS connect timeout for artifact downloads (seed: 15 s).
+/// HTTPS connect timeout for artifact downloads (binding).
 pub const HTTPS_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
-/// Whole-request bound for one artifact download (seed: 5 min).
+/// Whole-request bound for one artifact download (binding).
 pub const HTTPS_REQUEST_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// Compiled artifact ceiling; an attempt's own `max-bytes` may only be lower.
 pub const MAX_ARTIFACT_BYTES: u64 = 100 * 1024 * 1024;
-/// Largest OCI manifest the updater reads (DESIGN.md "Artifacts").
+/// Largest OCI manifest the updater reads (`docs/design/upgrade.md` "Artifacts").
 pub const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
 /// Largest registry token response read (anonymous Bearer token).
 pub const MAX_TOKEN_RESPONSE_BYTES: u64 = 1024 * 1024;
 /// Redirects a blob GET may follow (CDNs); manifest and token requests follow none.
 pub const MAX_BLOB_REDIRECTS: usize = 5;
 
-/// One NATS connection attempt (seed: 15 s).
+/// One NATS connection attempt (binding).
 pub const NATS_CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
-/// Window over which connection attempts are retried at start (seed: 3 min).
+/// Window over which connection attempts are retried at start (binding).
 pub const NATS_CONNECT_WINDOW: Duration = Duration::from_secs(3 * 60);
 /// Bound on one JetStream API request or publish acknowledgement.
 pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,7 +30,7 @@ pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// fleet-scale bench saw a 10 s bound stretch one recovery to 11 s).
 pub const DIRECT_GET_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The complete candidate probe (`--self-test`) (seed: 4 min).
+/// The complete candidate probe (`--self-test`) (binding).
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(4 * 60);
 /// Output of a probe kept from each of stdout and stderr; the report is one
 /// JSON object, far smaller.
@@ -37,24 +38,24 @@ pub const MAX_SELF_TEST_OUTPUT_BYTES: usize = 64 * 1024;
 /// Checks one self-test report may list.
 pub const MAX_SELF_TEST_CHECKS: usize = 32;
 
-/// systemd's stop bound for the agent unit, `TimeoutStopSec` (seed: 60 s).
+/// systemd's stop bound for the agent unit, `TimeoutStopSec` (binding).
 pub const SYSTEMD_STOP_TIMEOUT: Duration = Duration::from_secs(60);
-/// The updater's own bound on a service stop (seed: 65 s).
+/// The updater's own bound on a service stop (binding).
 pub const UPDATER_STOP_TIMEOUT: Duration = Duration::from_secs(65);
-/// systemd's start bound for the agent unit, `TimeoutStartSec` (seed: 4 min).
+/// systemd's start bound for the agent unit, `TimeoutStartSec` (binding).
 pub const SYSTEMD_START_TIMEOUT: Duration = Duration::from_secs(4 * 60);
-/// The updater's own bound on a service start (seed: 4 min 15 s).
+/// The updater's own bound on a service start (binding).
 pub const UPDATER_START_TIMEOUT: Duration = Duration::from_secs(4 * 60 + 15);
 
-/// Reading one request from a local socket (seed: 10 s).
+/// Reading one request from a local socket (binding).
 pub const SOCKET_REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// A `status` request is always answered within this bound (seed: 15 s).
+/// A `status` request is always answered within this bound (binding).
 pub const SOCKET_STATUS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(15);
-/// An `upgrade` request is answered within this bound (seed: 20 min).
+/// An `upgrade` request is answered within this bound (binding).
 pub const SOCKET_UPGRADE_RESPONSE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
-/// Largest request or response on a local socket, newline included (seed: 1 MiB).
+/// Largest request or response on a local socket, newline included (binding).
 pub const MAX_SOCKET_MESSAGE_BYTES: usize = 1024 * 1024;
-/// Concurrent mutating socket handlers; one more is answered `busy` (seed: 32).
+/// Concurrent mutating socket handlers; one more is answered `busy` (binding).
 pub const MAX_SOCKET_HANDLERS: usize = 32;
 /// Concurrent read-only (`status`) socket handlers, counted apart from the
 /// mutating ones so that those never make `status` busy.
@@ -69,9 +70,9 @@ pub const SOCKET_SMALL_REQUEST_BYTES: usize = 4 * 1024;
 /// beyond their small share; a larger request waits to be read meanwhile.
 pub const MAX_SOCKET_BUFFERED_BYTES: usize = 4 * 1024 * 1024;
 
-/// Timed transitions retained in a status or journal record (seed: 16).
+/// Timed transitions retained in a status or journal record (binding).
 pub const MAX_TRANSITIONS: usize = 16;
-/// Characters in any detail, error or other free text (seed: 1,024).
+/// Characters in any detail, error or other free text (binding).
 pub const MAX_TEXT_CHARS: usize = 1024;
 /// Characters of an offending intent field quoted in a refused-intent
 /// report, before escaping (each escaped character takes at most 10).
@@ -87,8 +88,8 @@ pub const MAX_REMEMBERED_ATTEMPTS: usize = 64;
 /// Attempts whose uuid → digest binding a device keeps, on the agent and on
 /// the updater, for its lifetime: one attempt a day for 27 years. About
 /// 100 bytes each (1 MiB when full). At the bound a new attempt is refused,
-/// never an old binding forgotten (seed 002: reuse of a UUID with other
-/// content is rejected, with no window).
+/// never an old binding forgotten (reuse of a UUID with other content is
+/// rejected, with no window: `docs/design/security.md` "Attempt identity").
 pub const MAX_BOUND_ATTEMPTS: usize = 10_000;
 
 /// Heartbeat period of agents before 0.3.0 (a write every 30 s). Since

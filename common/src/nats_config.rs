@@ -1,5 +1,6 @@
-//! The nats-server configurations of the fleet layout (DESIGN.md "NATS data
-//! model") and the JetStream streams behind the three KV buckets.
+//! The nats-server configurations of the fleet layout
+//! (`docs/design/protocol.md`) and the JetStream streams behind the three KV
+//! buckets.
 //!
 //! [`static_server_config`] writes accounts `FLEET` (the streams, the admin
 //! user, the exports) and `DEVICES` (one user per device with exactly
@@ -311,9 +312,10 @@ pub struct BucketSpec {
     pub republish: bool,
 }
 
-/// The buckets of the fleet (DESIGN.md "NATS data model"). `fleet-desired`
-/// serves generation-1 agents until it is retired; `fleet-operator` holds
-/// what only the operator reads (labels, staged rollouts).
+/// The buckets of the fleet (`docs/design/protocol.md` "Buckets and keys").
+/// `fleet-desired` serves generation-1 agents until it is retired;
+/// `fleet-operator` holds what only the operator reads (labels, staged
+/// rollouts).
 pub const FLEET_BUCKETS: [BucketSpec; 5] = [
     BucketSpec {
         bucket: BUCKET_WORKLOADS,

@@ -1,10 +1,12 @@
-//! The local socket protocol (DESIGN.md "Local socket protocol"): one JSON
+//! The local socket protocol (`docs/design/protocol.md` "The local
+//! sockets"): one JSON
 //! request per connection, newline-terminated, one JSON response.
 //!
 //! The server reads every connection on one thread (`<name>-accept`), so a
 //! slow or silent client costs a buffer, not a handler thread, and `status`
-//! stays answerable while others abuse the socket (seed 002: `status`
-//! remains available during preparation and recovery). Per connection it:
+//! stays answerable while others abuse the socket (`status` remains
+//! available during preparation and recovery: `docs/design/upgrade.md`
+//! "Limits"). Per connection it:
 //! 1. checks the peer's credentials (`SO_PEERCRED`, plus the supplementary
 //!    groups of the peer process) against the [`PeerPolicy`] before reading
 //!    anything, answering `forbidden` otherwise;

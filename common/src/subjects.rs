@@ -1,13 +1,13 @@
 //! NATS names: buckets, keys, subjects, and the per-device permission
-//! template (DESIGN.md "NATS data model"). The static server-config generator
+//! template (`docs/design/protocol.md`). The static server-config generator
 //! and the auth callout both take permissions from [`device_permissions`].
 
 use crate::validate::{DeviceId, WorkloadName};
 
 /// Desired workloads, generation 1 (agent 0.1.0): `<device>.<workload>` →
 /// `WorkloadSpec`, read through a consumer per device. Written beside
-/// [`BUCKET_WORKLOADS`] while the bucket exists (DESIGN.md, README "Mixed
-/// fleets"); retired with it.
+/// [`BUCKET_WORKLOADS`] while the bucket exists
+/// (`docs/operator/mixed-fleets.md`); retired with it.
 pub const BUCKET_DESIRED: &str = "fleet-desired";
 /// Desired workloads, generation 2: one document per device,
 /// `<device>.desired` → `DesiredWorkloads`, so that one Direct Get reads a
@@ -51,7 +51,7 @@ pub const AUTH_CALLOUT_SUBJECT: &str = "$SYS.REQ.USER.AUTH";
 /// The keys a device writes in `fleet-status`. The first four keep the
 /// shape agent 0.2.0 wrote (fleetctl 0.2 reads them refusing unknown
 /// fields); what later agents add goes into keys of its own, read
-/// tolerantly (`docs/design/protocol.md`, "Evolution").
+/// tolerantly (`docs/design/protocol.md`, "Evolution rules").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StatusKey {
     Info,
@@ -200,7 +200,7 @@ pub fn device_read_keys(device: &DeviceId) -> [(&'static str, String); 2] {
 }
 
 /// Which device protocols the permission template and the server config
-/// serve (README "Mixed fleets").
+/// serve (`docs/operator/mixed-fleets.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceProtocols {
     /// Generation 2 (consumer-free reads) and generation 1 (agent 0.1.0:
@@ -223,7 +223,8 @@ pub struct DevicePermissions {
     pub subscribe_allow: Vec<String>,
 }
 
-/// The one permission template (DESIGN.md). Generation 2: Direct Get of
+/// The one permission template (`docs/design/protocol.md` "Permissions").
+/// Generation 2: Direct Get of
 /// exactly its own two keys (literal subjects: no wildcard a device could
 /// widen), its own republished subjects, its own status keys (with a
 /// JetStream ack) and its inbox. Generation 1 adds creating consumers on its

@@ -1,6 +1,6 @@
-//! `fleetctl artifact push <oci-ref> <binary>`: publishes an agent binary
-//! as a fleet agent release in an OCI registry (DESIGN.md "Artifacts"), so
-//! no other tool is needed.
+//! `fleetctl artifact push <oci-ref> <binary>`: publishes an agent binary as a
+//! fleet agent release in an OCI registry (`docs/design/upgrade.md`
+//! "Artifacts"), so no other tool is needed.
 //!
 //! Steps: validate the reference (a tag) and the binary (a regular file of
 //! 1 byte to the 100 MiB ceiling), hash it while reading; upload the OCI
@@ -19,7 +19,6 @@ use std::fmt;
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use fleet_common::contracts::{
     registry_error_summary, OciManifest, MAX_REGISTRY_ERROR_BYTES, OCI_EMPTY_BLOB,
@@ -27,125 +26,17 @@ use fleet_common::contracts::{
 };
 use fleet_common::https::{self, ClientSettings, Trust};
 use fleet_common::limits::{HTTPS_CONNECT_TIMEOUT, HTTPS_REQUEST_TIMEOUT, MAX_ARTIFACT_BYTES};
-use fleet_common::validate::{OciReference, OciTarget, Sha256Hex};
+use fleet_common::validate::{OciReference, Sha256Hex};
 use sha2::Digest;
 
-/// The Debian/Ubuntu system trust store.
+/// The way forward of a failed exchange with the registry
+/// ([`https::transport_message`]).
+const TRANSPORT_HINTS: https::TransportHints = https::TransportHints {
+    certificate: "the registry's certificate is not trusted: give its CA with --ca-file",
+    connect: "check the reference's host and port, and this machine's network",
+};
 /// Read size while hashing the binary.
 const HASH_CHUNK_BYTES: usize = 128 * 1024;
-
-pub const HELP: &str = "fleetctl artifact: publish agent releases
-
-Usage:
-  fleetctl artifact push <oci-reference> <binary> [--ca-file <pem>]
-
-  <oci-reference>  oci://host[:port]/repository:tag
-  <binary>         the fleet-agent binary (at most 100 MiB)
-  --ca-file        extra CA certificates (PEM) trusted for the registry
-
-Uploads the binary as an OCI artifact (artifactType
-application/vnd.harmony.fleet-agent.v1, one layer of media type
-application/vnd.harmony.fleet-agent.binary.v1, the empty config) and prints
-the manifest digest, the pinned reference, the sha256 and size, and the
-entry to put under \"artifacts\" of a release file (keyed by the binary's
-architecture) for fleetctl upgrade and rollout.
-";
-
-/// `fleetctl artifact ...`: runs the subcommand, prints its result or its
-/// error, and gives the exit code (2 for a usage error, 1 for a failure).
-pub fn main(args: &[String]) -> ExitCode {
-    let command = match Command::parse(args) {
-        Ok(c) => c,
-        Err(ArtifactError::Help) => {
-            print!("{HELP}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("fleetctl artifact: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match command.run() {
-        Ok(pushed) => {
-            print!("{pushed}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("fleetctl artifact push: {e}");
-            ExitCode::from(1)
-        }
-    }
-}
-
-/// A validated `artifact` command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
-    Push {
-        reference: OciReference,
-        binary: PathBuf,
-        ca_file: Option<PathBuf>,
-    },
-}
-
-impl Command {
-    pub fn parse(args: &[String]) -> Result<Self, ArtifactError> {
-        let usage = |why: String| ArtifactError::Usage(why);
-        match args.first().map(String::as_str) {
-            None | Some("--help" | "-h" | "help") => return Err(ArtifactError::Help),
-            Some("push") => {}
-            Some(other) => {
-                return Err(usage(format!(
-                    "unknown subcommand {other:?}; the subcommand is push"
-                )))
-            }
-        }
-        let mut positional = Vec::new();
-        let mut ca_file = None;
-        let mut rest = args[1..].iter();
-        while let Some(a) = rest.next() {
-            match a.as_str() {
-                "--help" | "-h" => return Err(ArtifactError::Help),
-                "--ca-file" => {
-                    let p = rest
-                        .next()
-                        .ok_or_else(|| usage("--ca-file needs a path".to_owned()))?;
-                    ca_file = Some(PathBuf::from(p));
-                }
-                s if s.starts_with("--") => {
-                    return Err(usage(format!("unknown option {s:?}")));
-                }
-                _ => positional.push(a),
-            }
-        }
-        let [reference, binary] = positional.as_slice() else {
-            return Err(usage(format!(
-                "push takes <oci-reference> <binary>, got {} arguments; see fleetctl artifact --help",
-                positional.len()
-            )));
-        };
-        let reference = OciReference::parse(reference).map_err(|e| usage(e.to_string()))?;
-        if let OciTarget::Digest(_) = reference.target() {
-            return Err(usage(format!(
-                "{reference}: push to a tag (oci://host[:port]/repository:tag); the digest to pin is printed after the push"
-            )));
-        }
-        Ok(Self::Push {
-            reference,
-            binary: PathBuf::from(binary),
-            ca_file,
-        })
-    }
-
-    pub fn run(&self) -> Result<Pushed, ArtifactError> {
-        match self {
-            Self::Push {
-                reference,
-                binary,
-                ca_file,
-            } => push(reference, binary, ca_file.as_deref()),
-        }
-    }
-}
 
 /// What a push published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,8 +70,9 @@ impl fmt::Display for Pushed {
 /// An `artifact` command that did not publish.
 #[derive(Debug)]
 pub enum ArtifactError {
-    Help,
-    Usage(String),
+    /// The reference pinned to the manifest digest would not parse (the
+    /// registry's name and repository came from a valid reference).
+    Pinned(String),
     Binary {
         path: PathBuf,
         message: String,
@@ -211,8 +103,7 @@ pub enum ArtifactError {
 impl fmt::Display for ArtifactError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Help => f.write_str("help requested"),
-            Self::Usage(why) => f.write_str(why),
+            Self::Pinned(why) => write!(f, "the pinned reference: {why}"),
             Self::Binary { path, message } => {
                 write!(f, "reading the binary {}: {message}", path.display())
             }
@@ -222,13 +113,7 @@ impl fmt::Display for ArtifactError {
                 path.display()
             ),
             Self::Tls(e) => write!(f, "--ca-file: {e}"),
-            Self::Request { what, url, message } => {
-                write!(f, "{what} ({url}): {message}")?;
-                if message.contains("certificate") {
-                    f.write_str("; the registry's certificate is not trusted: give its CA with --ca-file")?;
-                }
-                Ok(())
-            }
+            Self::Request { what, url, message } => write!(f, "{what} ({url}): {message}"),
             Self::Status {
                 what,
                 url,
@@ -300,7 +185,7 @@ pub fn push(
         reference.registry(),
         reference.repository()
     ))
-    .map_err(|e| ArtifactError::Usage(e.to_string()))?;
+    .map_err(|e| ArtifactError::Pinned(e.to_string()))?;
     Ok(Pushed {
         reference: reference.clone(),
         manifest_digest,
@@ -461,7 +346,7 @@ impl Registry<'_> {
             Err(ureq::Error::Transport(t)) => Err(ArtifactError::Request {
                 what,
                 url: url.to_owned(),
-                message: transport_message(&t),
+                message: https::transport_message(&t, TRANSPORT_HINTS),
             }),
         }
     }
@@ -482,85 +367,9 @@ fn registry_error(response: ureq::Response) -> Option<String> {
     registry_error_summary(&body)
 }
 
-/// ureq's transport error with its causes.
-fn transport_message(t: &ureq::Transport) -> String {
-    use std::error::Error;
-    let mut msg = t.kind().to_string();
-    if let Some(m) = t.message() {
-        msg.push_str(": ");
-        msg.push_str(m);
-    }
-    let mut source = t.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| (*s).to_owned()).collect()
-    }
-
-    #[test]
-    fn push_arguments() {
-        assert_eq!(
-            Command::parse(&args(&[
-                "push",
-                "oci://reg.io:5000/fleet/agent:2.0",
-                "./fleet-agent",
-                "--ca-file",
-                "/ca.pem"
-            ]))
-            .expect("valid"),
-            Command::Push {
-                reference: OciReference::parse("oci://reg.io:5000/fleet/agent:2.0").expect("ref"),
-                binary: PathBuf::from("./fleet-agent"),
-                ca_file: Some(PathBuf::from("/ca.pem")),
-            }
-        );
-        let refused = |a: &[&str]| match Command::parse(&args(a)) {
-            Err(ArtifactError::Usage(why)) => why,
-            other => panic!("{a:?}: {other:?}"),
-        };
-        assert_eq!(
-            refused(&["pull"]),
-            "unknown subcommand \"pull\"; the subcommand is push"
-        );
-        assert_eq!(
-            refused(&["push", "oci://reg.io/a:1"]),
-            "push takes <oci-reference> <binary>, got 1 arguments; see fleetctl artifact --help"
-        );
-        assert_eq!(
-            refused(&["push", "oci://reg.io/a:1", "b", "--ca-file"]),
-            "--ca-file needs a path"
-        );
-        assert_eq!(
-            refused(&["push", "oci://reg.io/a:1", "b", "--insecure"]),
-            "unknown option \"--insecure\""
-        );
-        assert!(refused(&["push", "https://reg.io/a", "b"])
-            .contains("an oci:// reference is required here"));
-        assert!(refused(&["push", "oci://reg.io/a", "b"])
-            .contains("the reference has neither a :tag nor an @sha256: digest"));
-        let d = "a".repeat(64);
-        assert!(
-            refused(&["push", &format!("oci://reg.io/a@sha256:{d}"), "b"])
-                .contains("push to a tag")
-        );
-        assert!(matches!(
-            Command::parse(&args(&[])),
-            Err(ArtifactError::Help)
-        ));
-    }
 
     #[test]
     fn binaries_no_updater_would_install_are_refused() {

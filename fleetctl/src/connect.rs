@@ -38,18 +38,6 @@ const MAX_CONFIG_BYTES: u64 = 64 * 1024;
 /// Servers one command may list.
 const MAX_SERVERS: usize = 16;
 
-/// The connection options of the help texts.
-pub const HELP: &str = "CONNECTION (as the operator, user admin in account FLEET by default):
-  --server URL            nats:// or tls://, repeatable (default $FLEET_NATS_URL or nats://127.0.0.1:4222)
-  --user NAME             with --password-file (default admin)
-  --password-file PATH    default $FLEET_NATS_PASSWORD_FILE
-  --token-file PATH       token authentication
-  --creds PATH            a .creds file (JWT and nkey seed)
-  --ca-file PATH          the only CA trusted for TLS (TLS required)
-  --tls-cert PATH --tls-key PATH   a client certificate (TLS required)
-  --config FILE           all of the above as the agent's \"nats\" JSON block instead
-";
-
 /// How fleetctl authenticates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Auth {
@@ -83,72 +71,46 @@ pub struct ConnOptions {
     pub tls: Option<Tls>,
 }
 
-/// The connection flags as given, before validation.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The connection flags as given, before validation: every NATS command
+/// takes them, anywhere after its command word.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+#[command(
+    next_help_heading = "Connection (as the operator, user admin in account FLEET by default)"
+)]
 pub struct ConnFlags {
+    /// nats:// or tls://, repeatable [default: $FLEET_NATS_URL or nats://127.0.0.1:4222]
+    #[arg(long = "server", value_name = "URL", global = true, action = clap::ArgAction::Append)]
     servers: Vec<String>,
+    /// With --password-file [default: admin]
+    #[arg(long, value_name = "NAME", global = true)]
     user: Option<String>,
+    /// The user's password [default: $FLEET_NATS_PASSWORD_FILE]
+    #[arg(long, value_name = "PATH", global = true)]
     password_file: Option<PathBuf>,
+    /// Token authentication
+    #[arg(long, value_name = "PATH", global = true)]
     token_file: Option<PathBuf>,
+    /// A .creds file (JWT and nkey seed)
+    #[arg(long, value_name = "PATH", global = true)]
     creds: Option<PathBuf>,
+    /// The only CA trusted for TLS (TLS required)
+    #[arg(long, value_name = "PATH", global = true)]
     ca_file: Option<PathBuf>,
+    /// A client certificate, with --tls-key (TLS required)
+    #[arg(long, value_name = "PATH", global = true)]
     tls_cert: Option<PathBuf>,
+    /// The client certificate's key, with --tls-cert
+    #[arg(long, value_name = "PATH", global = true)]
     tls_key: Option<PathBuf>,
+    /// All of the above as the agent's "nats" JSON block instead
+    #[arg(long, value_name = "FILE", global = true)]
     config: Option<PathBuf>,
 }
 
 impl ConnFlags {
-    /// Takes the connection flags out of `args`; returns the other
-    /// arguments in order. `Err` is a usage message.
-    pub fn extract(args: &[String]) -> Result<(ConnFlags, Vec<String>), String> {
-        let mut f = ConnFlags::default();
-        let mut rest = Vec::new();
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            let mut value = |name: &str| {
-                it.next()
-                    .cloned()
-                    .ok_or_else(|| format!("{name} needs a value"))
-            };
-            let once = |slot: &Option<PathBuf>, name: &str| match slot {
-                Some(_) => Err(format!("{name} given twice")),
-                None => Ok(()),
-            };
-            match a.as_str() {
-                "--server" => f.servers.push(value(a)?),
-                "--user" => f.user = Some(value(a)?),
-                "--password-file" => {
-                    once(&f.password_file, a)?;
-                    f.password_file = Some(value(a)?.into());
-                }
-                "--token-file" => {
-                    once(&f.token_file, a)?;
-                    f.token_file = Some(value(a)?.into());
-                }
-                "--creds" => {
-                    once(&f.creds, a)?;
-                    f.creds = Some(value(a)?.into());
-                }
-                "--ca-file" => {
-                    once(&f.ca_file, a)?;
-                    f.ca_file = Some(value(a)?.into());
-                }
-                "--tls-cert" => {
-                    once(&f.tls_cert, a)?;
-                    f.tls_cert = Some(value(a)?.into());
-                }
-                "--tls-key" => {
-                    once(&f.tls_key, a)?;
-                    f.tls_key = Some(value(a)?.into());
-                }
-                "--config" => {
-                    once(&f.config, a)?;
-                    f.config = Some(value(a)?.into());
-                }
-                _ => rest.push(a.clone()),
-            }
-        }
-        Ok((f, rest))
+    /// Validates the flags (with the environment's defaults) and connects.
+    pub fn connect(self, mode: Reconnect) -> Result<nats::Connection, CtlError> {
+        connect(&self.resolve()?, mode)
     }
 
     /// Validates the flags, with the environment's defaults.
@@ -446,30 +408,37 @@ pub fn connect(o: &ConnOptions, mode: Reconnect) -> Result<nats::Connection, Ctl
 mod tests {
     use super::*;
 
-    fn args(a: &[&str]) -> Vec<String> {
-        a.iter().map(|s| s.to_string()).collect()
+    /// The connection flags alone, parsed as a command parses them.
+    #[derive(Debug, clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        flags: ConnFlags,
+    }
+
+    fn flags(a: &[&str]) -> Result<ConnFlags, String> {
+        use clap::Parser;
+        Flags::try_parse_from(std::iter::once("fleetctl").chain(a.iter().copied()))
+            .map(|f| f.flags)
+            .map_err(|e| e.to_string())
     }
 
     fn resolve(a: &[&str]) -> Result<ConnOptions, String> {
-        let (f, rest) = ConnFlags::extract(&args(a))?;
-        assert!(rest.is_empty(), "{rest:?}");
-        f.resolve_with(None, None).map_err(|e| e.to_string())
+        flags(a)?
+            .resolve_with(None, None)
+            .map_err(|e| e.to_string())
     }
 
     #[test]
     fn flags_are_taken_out_and_validated() {
-        let (f, rest) = ConnFlags::extract(&args(&[
-            "status",
+        let f = flags(&[
             "--server",
             "nats://a:1",
-            "--json",
             "--server",
             "tls://b:2",
             "--password-file",
             "/pw",
-        ]))
+        ])
         .expect("flags");
-        assert_eq!(rest, args(&["status", "--json"]));
         let o = f.resolve_with(None, None).expect("valid");
         assert_eq!(o.servers, ["nats://a:1", "tls://b:2"]);
         assert_eq!(
@@ -497,7 +466,7 @@ mod tests {
         );
         let o = resolve(&["--tls-cert", "/c", "--tls-key", "/k"]).expect("mtls");
         assert_eq!(o.auth, Auth::TlsCertificate);
-        let (f, _) = ConnFlags::extract(&args(&[])).expect("none");
+        let f = flags(&[]).expect("none");
         let o = f
             .resolve_with(Some("nats://env:4222".into()), Some("/env-pw".into()))
             .expect("env");
@@ -514,7 +483,10 @@ mod tests {
     #[test]
     fn bad_flags_name_the_fix() {
         for (a, says) in [
-            (&["--server"][..], "--server needs a value"),
+            (
+                &["--server"][..],
+                "a value is required for '--server <URL>' but none was supplied",
+            ),
             (
                 &["--password-file", "/a", "--token-file", "/b"][..],
                 "give one of --password-file, --token-file and --creds",
@@ -538,7 +510,7 @@ mod tests {
             ),
             (
                 &["--ca-file", "/a", "--ca-file", "/b"][..],
-                "--ca-file given twice",
+                "the argument '--ca-file <PATH>' cannot be used multiple times",
             ),
         ] {
             let e = resolve(a).expect_err(&format!("{a:?}"));

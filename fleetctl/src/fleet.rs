@@ -3,17 +3,23 @@
 //! for one device or the whole fleet, sorted by device.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use fleet_common::contracts::{
     AgentUpgradeAttempt, DeviceInfo, Heartbeat, RefusedIntent, UpgradeReport, UpgradeStatus,
     WorkloadsReport,
 };
+use fleet_common::limits::HEARTBEAT_INTERVAL;
 use fleet_common::subjects::{StatusKey, BUCKET_CONTROL, BUCKET_STATUS, INTENT_KEY};
 use fleet_common::validate::DeviceId;
 use serde::de::DeserializeOwned;
 
 use crate::error::CtlError;
 use crate::js::{self, KvEntry};
+
+/// A heartbeat older than this counts the device as unavailable (stale
+/// in `status`, unavailable to a staged rollout's budget): three missed.
+pub const STALE_HEARTBEAT: Duration = Duration::from_secs(HEARTBEAT_INTERVAL.as_secs() * 3);
 
 /// The upgrade intent key of one device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -12,6 +12,8 @@
 //!   [`MAX_IN_FLIGHT`] unanswered at a time; JetStream refuses a write
 //!   whose key moved since it was read (another writer won).
 //! - [`follow`]: a consumer from now on (or from a sequence), for `watch`.
+//! - [`kv`] and [`is_wrong_last_sequence`]: a bucket through the crate's KV
+//!   helper, and whether its compare-and-set write lost.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -24,6 +26,21 @@ use fleet_common::limits::NATS_REQUEST_TIMEOUT;
 use fleet_common::subjects::{kv_subject, stream_name};
 
 use crate::error::CtlError;
+
+/// A bucket through the crate's KV helper (the operator may use it).
+pub fn kv(conn: &nats::Connection, bucket: &str) -> Result<nats::kv::Store, CtlError> {
+    nats::jetstream::new(conn.clone())
+        .key_value(bucket)
+        .map_err(CtlError::nats(format!(
+            "opening bucket {bucket} (create it with `fleetctl buckets create`)"
+        )))
+}
+
+/// Whether a KV write failed the compare-and-set check.
+pub fn is_wrong_last_sequence(e: &std::io::Error) -> bool {
+    let text = e.to_string();
+    text.contains("wrong last sequence") || text.contains("10071") || text.contains("key exists")
+}
 
 /// Writes waiting for their ack at most.
 pub const MAX_IN_FLIGHT: usize = 1024;

@@ -24,8 +24,8 @@ use fleet_common::validate::DeviceId;
 use crate::error::CtlError;
 use crate::fleet::{self, DeviceView, Keys, Scope};
 use crate::js;
+use crate::js::{is_wrong_last_sequence, kv};
 use crate::selector::Selector;
-use crate::workload::{is_wrong_last_sequence, kv};
 
 /// One device as a selector sees it.
 #[derive(Debug, Clone)]

@@ -12,7 +12,8 @@
 //!   handed to `fleet-auth-callout`, whose issuer public key and NATS user
 //!   password are given here.
 //!
-//! Steps: parse and validate every argument and input file, then write the
+//! Steps: validate every input file (the arguments come validated from
+//! `cli::nats_config`), then write the
 //! config (stdout, or `--output` atomically with mode 0600: it holds
 //! passwords). Nothing is written when anything is invalid, except the
 //! generated password files of the static layout, which are written before
@@ -28,40 +29,10 @@ use fleet_common::durable::{read_bounded, write_atomic};
 use fleet_common::nats_config::{
     callout_server_config, static_server_config, CalloutServerConfig, StaticServerConfig,
 };
-use fleet_common::nkey::{NkeyError, NkeyKind, PublicNkey};
+use fleet_common::nkey::{NkeyError, PublicNkey};
 use fleet_common::subjects::DeviceProtocols;
 use fleet_common::validate::{DeviceId, ValidationError};
 
-const HELP: &str = "fleetctl nats-config: write the nats-server config of the fleet layout
-
-Usage:
-  fleetctl nats-config --devices <file> --passwords-dir <dir> --admin-password-file <file> [common]
-  fleetctl nats-config --auth-callout --issuer <account public key> --callout-password-file <file>
-                       --admin-password-file <file> [common]
-
-Static layout (any server, 2.9.10 included): one user per device.
-  --devices <file>          one device ID per line; blank lines and # comments ignored
-  --passwords-dir <dir>     <dir>/<device-id> holds the device's password; missing ones are
-                            generated and written there (mode 0600)
-Auth callout layout (server 2.10+): devices are placed by fleet-auth-callout.
-  --auth-callout
-  --issuer <A...>           the callout's issuer public key (fleet-auth-callout public-key <seed>)
-  --callout-password-file <file>
-                            password of the callout's NATS user auth-callout
-Common:
-  --admin-password-file <file>
-                            password of the operator's user admin in account FLEET
-  --listen <addr:port>      client listen address (default 127.0.0.1:4222)
-  --store-dir <dir>         JetStream store (default /var/lib/nats/jetstream)
-  --server-name <name>      server_name (default none)
-  --output <file>           write here (atomically, mode 0600) instead of stdout
-  --no-legacy-devices       serve only the current device protocol (Direct Get and
-                            republished keys); leave out what agent 0.1.0 needs (a consumer
-                            per device). Only once no device can run 0.1.0 (README \"Mixed fleets\")
-";
-
-const DEFAULT_LISTEN: &str = "127.0.0.1:4222";
-const DEFAULT_STORE_DIR: &str = "/var/lib/nats/jetstream";
 /// Largest devices file read.
 const MAX_DEVICES_FILE_BYTES: u64 = 16 * 1024 * 1024;
 /// Largest password file read.
@@ -74,7 +45,6 @@ const SECRET_MODE: u32 = 0o600;
 /// Why no config was written.
 #[derive(Debug)]
 pub enum NatsConfigError {
-    Usage(String),
     Read {
         path: PathBuf,
         detail: String,
@@ -106,7 +76,6 @@ pub enum NatsConfigError {
 impl fmt::Display for NatsConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Usage(why) => write!(f, "{why}; see fleetctl nats-config --help"),
             Self::Read { path, detail } => write!(f, "cannot read {}: {detail}", path.display()),
             Self::DeviceLine { path, line, error } => {
                 write!(f, "{}:{line}: {error}", path.display())
@@ -142,7 +111,7 @@ impl std::error::Error for NatsConfigError {}
 
 /// Which layout, with what only it needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Layout {
+pub enum Layout {
     Static {
         devices: PathBuf,
         passwords_dir: PathBuf,
@@ -153,109 +122,17 @@ enum Layout {
     },
 }
 
+/// What to write, and where: the validated arguments of `fleetctl
+/// nats-config`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Args {
-    layout: Layout,
-    admin_password_file: PathBuf,
-    listen: SocketAddr,
-    store_dir: PathBuf,
-    server_name: Option<String>,
-    output: Option<PathBuf>,
-    protocols: DeviceProtocols,
-}
-
-fn parse_args(args: &[String]) -> Result<Args, NatsConfigError> {
-    let usage = |s: String| NatsConfigError::Usage(s);
-    let mut callout = false;
-    let mut protocols = DeviceProtocols::WithLegacy;
-    let mut values: std::collections::HashMap<&str, String> = std::collections::HashMap::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--auth-callout" => callout = true,
-            "--no-legacy-devices" => protocols = DeviceProtocols::Current,
-            flag @ ("--devices"
-            | "--passwords-dir"
-            | "--admin-password-file"
-            | "--issuer"
-            | "--callout-password-file"
-            | "--listen"
-            | "--store-dir"
-            | "--server-name"
-            | "--output") => {
-                let v = it
-                    .next()
-                    .ok_or_else(|| usage(format!("{flag} needs a value")))?;
-                if values.insert(flag, v.clone()).is_some() {
-                    return Err(usage(format!("{flag} given twice")));
-                }
-            }
-            other => return Err(usage(format!("unknown argument {other:?}"))),
-        }
-    }
-    fn need(
-        values: &mut std::collections::HashMap<&str, String>,
-        flag: &str,
-    ) -> Result<String, NatsConfigError> {
-        values
-            .remove(flag)
-            .ok_or_else(|| NatsConfigError::Usage(format!("{flag} is required")))
-    }
-    let admin_password_file = PathBuf::from(need(&mut values, "--admin-password-file")?);
-    let layout = if callout {
-        let issuer = PublicNkey::parse_kind(&need(&mut values, "--issuer")?, NkeyKind::Account)
-            .map_err(NatsConfigError::Issuer)?;
-        let callout_password_file = PathBuf::from(need(&mut values, "--callout-password-file")?);
-        for flag in ["--devices", "--passwords-dir"] {
-            if values.contains_key(flag) {
-                return Err(usage(format!(
-                    "{flag} is for the static layout, not --auth-callout"
-                )));
-            }
-        }
-        Layout::AuthCallout {
-            issuer,
-            callout_password_file,
-        }
-    } else {
-        for flag in ["--issuer", "--callout-password-file"] {
-            if values.contains_key(flag) {
-                return Err(usage(format!("{flag} needs --auth-callout")));
-            }
-        }
-        Layout::Static {
-            devices: PathBuf::from(need(&mut values, "--devices")?),
-            passwords_dir: PathBuf::from(need(&mut values, "--passwords-dir")?),
-        }
-    };
-    let mut take = |flag: &str| values.remove(flag);
-    let listen_text = take("--listen").unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
-    let listen = listen_text
-        .parse()
-        .map_err(|_| usage(format!("--listen {listen_text:?} is not an addr:port")))?;
-    let store_dir =
-        PathBuf::from(take("--store-dir").unwrap_or_else(|| DEFAULT_STORE_DIR.to_owned()));
-    let server_name = take("--server-name");
-    if let Some(name) = &server_name {
-        let ok = !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-        if !ok {
-            return Err(usage(format!(
-                "--server-name {name:?}: use letters, digits, '-', '_' and '.'"
-            )));
-        }
-    }
-    Ok(Args {
-        layout,
-        admin_password_file,
-        listen,
-        store_dir,
-        server_name,
-        output: take("--output").map(PathBuf::from),
-        protocols,
-    })
+pub struct Args {
+    pub layout: Layout,
+    pub admin_password_file: PathBuf,
+    pub listen: SocketAddr,
+    pub store_dir: PathBuf,
+    pub server_name: Option<String>,
+    pub output: Option<PathBuf>,
+    pub protocols: DeviceProtocols,
 }
 
 /// The device IDs of a devices file, in order.
@@ -384,27 +261,9 @@ fn config_text(args: &Args) -> Result<String, NatsConfigError> {
     })
 }
 
-/// `fleetctl nats-config <args>`: exit 0 when written, 2 on a usage error,
-/// 1 on any other.
-pub fn main(args: &[String]) -> std::process::ExitCode {
-    if matches!(args, [h] if h == "--help" || h == "-h") {
-        print!("{HELP}");
-        return std::process::ExitCode::SUCCESS;
-    }
-    match run(args) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("fleetctl nats-config: {e}");
-            let usage = matches!(e, NatsConfigError::Usage(_));
-            std::process::ExitCode::from(if usage { 2 } else { 1 })
-        }
-    }
-}
-
 /// Writes the config for `args`.
-pub fn run(args: &[String]) -> Result<(), NatsConfigError> {
-    let args = parse_args(args)?;
-    let text = config_text(&args)?;
+pub fn run(args: &Args) -> Result<(), NatsConfigError> {
+    let text = config_text(args)?;
     match &args.output {
         Some(path) => {
             write_atomic(path, text.as_bytes(), SECRET_MODE).map_err(|e| NatsConfigError::Write {
@@ -425,97 +284,6 @@ pub fn run(args: &[String]) -> Result<(), NatsConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const ISSUER: &str = "ACODERUVFFAWZQDSS6SBIACUA5O6SXF7HJ3YTYXBALHZP3P7R4BUO4J2";
-
-    fn args(list: &[&str]) -> Result<Args, NatsConfigError> {
-        let owned: Vec<String> = list.iter().map(|s| (*s).to_owned()).collect();
-        parse_args(&owned)
-    }
-
-    #[test]
-    fn static_and_callout_arguments_parse() {
-        let a = args(&[
-            "--devices",
-            "d",
-            "--passwords-dir",
-            "p",
-            "--admin-password-file",
-            "a",
-        ])
-        .expect("static");
-        assert_eq!(
-            a.layout,
-            Layout::Static {
-                devices: "d".into(),
-                passwords_dir: "p".into()
-            }
-        );
-        assert_eq!(a.listen, DEFAULT_LISTEN.parse().expect("addr"));
-        assert_eq!(a.store_dir, PathBuf::from(DEFAULT_STORE_DIR));
-        let a = args(&[
-            "--auth-callout",
-            "--issuer",
-            ISSUER,
-            "--callout-password-file",
-            "c",
-            "--admin-password-file",
-            "a",
-            "--listen",
-            "0.0.0.0:4222",
-        ])
-        .expect("callout");
-        assert!(matches!(a.layout, Layout::AuthCallout { .. }));
-        assert_eq!(a.listen, "0.0.0.0:4222".parse().expect("addr"));
-    }
-
-    #[test]
-    fn bad_arguments_are_refused_with_what_to_do() {
-        let err = |l: &[&str]| args(l).expect_err("refused").to_string();
-        assert_eq!(
-            err(&["--devices", "d", "--passwords-dir", "p"]),
-            "--admin-password-file is required; see fleetctl nats-config --help"
-        );
-        assert_eq!(
-            err(&["--auth-callout", "--issuer", "UABC", "--admin-password-file", "a"]),
-            "--issuer: invalid nkey public key: 4 characters, expected 56; copy the whole key without spaces or quotes; print the callout's key with fleet-auth-callout public-key <seed-file>"
-        );
-        assert!(err(&[
-            "--issuer",
-            ISSUER,
-            "--devices",
-            "d",
-            "--passwords-dir",
-            "p",
-            "--admin-password-file",
-            "a"
-        ])
-        .starts_with("--issuer needs --auth-callout"));
-        assert!(err(&["--bogus"]).starts_with("unknown argument \"--bogus\""));
-        assert!(err(&["--devices"]).starts_with("--devices needs a value"));
-        assert!(err(&[
-            "--devices",
-            "d",
-            "--devices",
-            "e",
-            "--passwords-dir",
-            "p",
-            "--admin-password-file",
-            "a"
-        ])
-        .starts_with("--devices given twice"));
-        assert!(err(&[
-            "--devices",
-            "d",
-            "--passwords-dir",
-            "p",
-            "--admin-password-file",
-            "a",
-            "--listen",
-            "x"
-        ])
-        .starts_with("--listen \"x\" is not an addr:port"));
-    }
 
     #[test]
     fn devices_file_is_validated_line_by_line() {

@@ -34,21 +34,17 @@ use fleet_common::contracts::{
     AgentUpgradeAttempt, BatchResult, Release, RolloutFailure, RolloutPhase, RolloutState,
     UpgradePhase,
 };
-use fleet_common::limits::HEARTBEAT_INTERVAL;
 use fleet_common::subjects::{rollout_key, BUCKET_CONTROL, BUCKET_OPERATOR, ROLLOUTS_PREFIX};
 use fleet_common::validate::{AttemptUuid, DeviceId};
 use fleet_common::Timestamp;
 
 use crate::error::CtlError;
-use crate::fleet::{DeviceView, Keys};
-use crate::js::{self, CasOutcome};
+use crate::fleet::{DeviceView, Keys, STALE_HEARTBEAT};
+use crate::js::{self, is_wrong_last_sequence, kv, CasOutcome};
 use crate::labels::{self, Device};
 use crate::selector::Selector;
 use crate::upgrade::{cas_write, plan, read_release, Mode, Plan, Skip};
-use crate::workload::{is_wrong_last_sequence, kv};
 
-/// A heartbeat older than this counts the device as unavailable.
-pub const STALE_HEARTBEAT: Duration = Duration::from_secs(HEARTBEAT_INTERVAL.as_secs() * 3);
 /// Between two ticks of a running rollout.
 const TICK: Duration = Duration::from_millis(500);
 

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use std::collections::BTreeMap;
 
-use fleet_common::contracts::{RefusedIntent, UpgradePhase, WorkloadState};
+use fleet_common::contracts::{RefusedIntent, UpgradePhase};
 use fleet_common::validate::DeviceId;
 use fleet_common::Timestamp;
 
 use crate::error::CtlError;
-use crate::fleet::{self, DeviceView, Keys, Scope};
+use crate::fleet::{self, DeviceView, Keys, Scope, STALE_HEARTBEAT};
 use crate::labels::{self, Device};
 use crate::selector::Selector;
 
@@ -133,9 +133,6 @@ pub fn json_row(d: &DeviceView, now: Timestamp) -> serde_json::Value {
         "unreadable": d.unreadable,
     })
 }
-
-/// A heartbeat older than this is stale.
-pub const STALE_HEARTBEAT: Duration = crate::staged::STALE_HEARTBEAT;
 
 /// One group's summary line: devices, agent versions, upgrading, failed,
 /// frozen, stale heartbeats.
@@ -306,7 +303,7 @@ pub fn device(conn: &nats::Connection, device: &str) -> Result<String, CtlError>
                 let _ = writeln!(
                     out,
                     "  {name}: {}, image {}, container {}, restarts {}{}",
-                    state_name(w.state),
+                    w.state.name(),
                     w.image,
                     w.container_id.as_deref().unwrap_or("-"),
                     w.restarts,
@@ -344,17 +341,6 @@ pub fn refused_intent_summary(r: &RefusedIntent) -> String {
         r.rule,
         r.refused_at
     )
-}
-
-pub fn state_name(s: WorkloadState) -> &'static str {
-    match s {
-        WorkloadState::Pending => "pending",
-        WorkloadState::Running => "running",
-        WorkloadState::Exited => "exited",
-        WorkloadState::BackOff => "back-off",
-        WorkloadState::Invalid => "invalid",
-        WorkloadState::Unknown => "unknown",
-    }
 }
 
 #[cfg(test)]

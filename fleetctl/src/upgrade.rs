@@ -11,8 +11,9 @@
 //! architecture gets nothing; when the current intent already carries this
 //! very release (same version, artifact, sha256 and byte limit), nothing is
 //! written while its attempt is under way, and a failed one is issued
-//! again only with `--retry` (seed 002: an unchanged release that failed is
-//! not retried automatically). Otherwise a new attempt is written.
+//! again only with `--retry` (`docs/design/upgrade.md` "Intent": an
+//! unchanged release that failed is not retried automatically). Otherwise a
+//! new attempt is written.
 //!
 //! `rollback-failed` ends with a root repair on the device, which no one
 //! reports to NATS: the status stays `rollback-failed` until the next

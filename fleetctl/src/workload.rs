@@ -10,7 +10,7 @@
 //! `fleet-desired` `<device>.<workload>`: as long as that bucket exists (a
 //! fleet that may still run 0.1.0, or roll back to it), the same change is
 //! written there too, after the document. Deleting the bucket retires it
-//! (README "Mixed fleets").
+//! (`docs/operator/mixed-fleets.md`).
 
 use std::fmt::Write;
 use std::path::Path;
@@ -30,21 +30,12 @@ use serde_json::value::RawValue;
 
 use crate::error::CtlError;
 use crate::js;
-use crate::status::state_name;
+use crate::js::{is_wrong_last_sequence, kv};
 
 fn ids(device: &str, workload: &str) -> Result<(DeviceId, WorkloadName), CtlError> {
     let d = DeviceId::parse(device).map_err(|e| CtlError::Input(e.to_string()))?;
     let w = WorkloadName::parse(workload).map_err(|e| CtlError::Input(e.to_string()))?;
     Ok((d, w))
-}
-
-/// A bucket through the crate's KV helper (the operator may use it).
-pub fn kv(conn: &nats::Connection, bucket: &str) -> Result<nats::kv::Store, CtlError> {
-    nats::jetstream::new(conn.clone())
-        .key_value(bucket)
-        .map_err(CtlError::nats(format!(
-            "opening bucket {bucket} (create it with `fleetctl buckets create`)"
-        )))
 }
 
 /// Reads and validates the spec in `file` (`-`: stdin).
@@ -225,12 +216,6 @@ fn edit_document(
     )))
 }
 
-/// Whether a KV write failed the compare-and-set check.
-pub fn is_wrong_last_sequence(e: &std::io::Error) -> bool {
-    let text = e.to_string();
-    text.contains("wrong last sequence") || text.contains("10071") || text.contains("key exists")
-}
-
 /// `fleet-desired`, while it exists (generation 1 not yet retired).
 fn legacy_store(conn: &nats::Connection) -> Result<Option<nats::kv::Store>, CtlError> {
     match nats::jetstream::new(conn.clone()).key_value(BUCKET_DESIRED) {
@@ -279,9 +264,7 @@ pub fn ls(conn: &nats::Connection, device: &str) -> Result<String, CtlError> {
                     .ok()
                     .and_then(|n| r.workloads.get(&n).cloned())
             })
-            .map_or("not reported".to_owned(), |w| {
-                state_name(w.state).to_owned()
-            });
+            .map_or("not reported".to_owned(), |w| w.state.name().to_owned());
         match WorkloadSpec::from_json(spec.get().as_bytes()) {
             Ok(spec) => {
                 let hash = spec.spec_hash();

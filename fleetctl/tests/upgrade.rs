@@ -651,8 +651,9 @@ fn workload_ls_and_rm() {
     assert!(!out.contains("web:"), "{out}");
 }
 
-/// DESIGN.md's target: a rollout over 10,000 devices within 10 s (measured
-/// by `make bench` too; here with margin for a loaded test machine).
+/// The target of `docs/development/bench.md`: a rollout over 10,000 devices
+/// within 10 s (measured by `make bench` too; here with margin for a loaded
+/// test machine).
 #[test]
 fn rollout_over_ten_thousand_devices() {
     const DEVICES: usize = 10_000;

@@ -213,10 +213,10 @@ fn valid_user(s: &str) -> bool {
     }
 }
 
-/// The time bound of every step that waits on something outside the
-/// updater. Production uses the seed's values; test builds (feature
-/// `fault-injection`) may shorten them through [`TEST_BOUNDS_ENV`] so a
-/// stalled server or a candidate that never becomes ready fails in seconds.
+/// The time bound of every step that waits on something outside the updater.
+/// Production uses the binding limits (`docs/design/limits.md`); test builds
+/// (feature `fault-injection`) may shorten them through [`TEST_BOUNDS_ENV`] so
+/// a stalled server or a candidate that never becomes ready fails in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
     pub https_connect: Duration,
@@ -242,7 +242,7 @@ impl Default for Bounds {
 }
 
 impl Bounds {
-    /// The seed's bounds, shortened by [`TEST_BOUNDS_ENV`] in test builds.
+    /// The binding bounds, shortened by [`TEST_BOUNDS_ENV`] in test builds.
     pub fn from_env() -> Result<Self, String> {
         #[cfg(feature = "fault-injection")]
         if let Ok(v) = std::env::var(TEST_BOUNDS_ENV) {

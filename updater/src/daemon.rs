@@ -1,4 +1,5 @@
-//! `fleet-updater run`: the daemon's start, in the order the seed requires.
+//! `fleet-updater run`: the daemon's start, in the order recovery requires
+//! (`docs/design/upgrade.md` "Recovery").
 //!
 //! 1. Settings: config file, bounds, directories; temp files of an
 //!    interrupted write removed.

@@ -237,7 +237,7 @@ impl Fetcher {
             Err(ureq::Error::Transport(t)) => {
                 return Err(FetchError::Request {
                     url: shown,
-                    message: transport_message(&t),
+                    message: https::transport_message(&t, TRANSPORT_HINTS),
                 })
             }
         };
@@ -293,42 +293,12 @@ impl Fetcher {
     }
 }
 
-/// ureq's transport error without the URL (the caller names it), with its
-/// causes, and the way forward for the usual ones.
-pub(crate) fn transport_message(t: &ureq::Transport) -> String {
-    use std::error::Error;
-    let kind = t.kind().to_string();
-    let mut msg = kind.clone();
-    if let Some(m) = t.message() {
-        msg.push_str(": ");
-        msg.push_str(m);
-    }
-    let mut source = t.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        // ureq's I/O errors may wrap its own transport error: its kind
-        // would be said twice.
-        let text = text.strip_prefix(&format!("{kind}: ")).unwrap_or(&text);
-        if !msg.contains(text) {
-            msg.push_str(": ");
-            msg.push_str(text);
-        }
-        source = s.source();
-    }
-    if msg.contains("timed out") {
-        msg.push_str("; the server stalled");
-    } else if msg.contains("certificate") {
-        msg.push_str(
-            "; the server's certificate is not trusted: give its CA in ca-file of the updater config, or fix the server's chain",
-        );
-    } else if matches!(
-        t.kind(),
-        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
-    ) {
-        msg.push_str("; check the URL and the device's network");
-    }
-    msg
-}
+/// The way forward of a failed download, in the words of the updater's
+/// config ([`https::transport_message`]).
+pub(crate) const TRANSPORT_HINTS: https::TransportHints = https::TransportHints {
+    certificate: "the server's certificate is not trusted: give its CA in ca-file of the updater config, or fix the server's chain",
+    connect: "check the URL and the device's network",
+};
 
 pub(crate) fn describe_io(e: &io::Error) -> String {
     match e.kind() {

@@ -1,5 +1,6 @@
 //! `fleet-updater`: the root daemon that replaces the fleet agent binary
-//! through a durable, crash-safe transaction with rollback (seed 002).
+//! through a durable, crash-safe transaction with rollback
+//! (`docs/design/upgrade.md`).
 //!
 //! | module | owns |
 //! |---|---|

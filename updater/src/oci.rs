@@ -34,7 +34,7 @@ use fleet_common::limits::{MAX_BLOB_REDIRECTS, MAX_MANIFEST_BYTES, MAX_TOKEN_RES
 use fleet_common::validate::{OciReference, OciTarget, Sha256Hex};
 use serde::Deserialize;
 
-use crate::fetch::{describe_io, stream_verified, transport_message, Fetched, StreamError};
+use crate::fetch::{describe_io, stream_verified, Fetched, StreamError, TRANSPORT_HINTS};
 
 /// Longest redirect `Location` or token realm followed: presigned CDN URLs
 /// run past a kilobyte, none is near this.
@@ -577,7 +577,7 @@ impl<'a> Pull<'a> {
             Err(ureq::Error::Transport(t)) => Err(OciError::Transport {
                 step,
                 url: url.to_owned(),
-                message: transport_message(&t),
+                message: https::transport_message(&t, TRANSPORT_HINTS),
             }),
         }
     }

@@ -1,9 +1,9 @@
 //! The uuid → digest binding of every attempt this updater has started
 //! (`Layout::updater_bindings()`), kept for the device's lifetime: the
 //! journal's `finished` holds only the latest attempts in full (for their
-//! status), and seed 002 refuses a UUID reused with other content with no
-//! window. Up to `MAX_BOUND_ATTEMPTS`; beyond, a new attempt is refused
-//! rather than an old binding forgotten.
+//! status), and a UUID reused with other content is refused with no window
+//! (`docs/design/security.md` "Attempt identity"). Up to `MAX_BOUND_ATTEMPTS`;
+//! beyond, a new attempt is refused rather than an old binding forgotten.
 //!
 //! Steps: [`BindingStore::load`] reads the file (missing: empty) and binds
 //! every attempt the journal knows (a file written before this record

@@ -1,5 +1,6 @@
-//! The upgrade transaction (seed 002): preparation and probe, the cutover
-//! (stop, switch, start, commit), rollback, and recovery after a restart.
+//! The upgrade transaction (`docs/design/upgrade.md`): preparation and probe,
+//! the cutover (stop, switch, start, commit), rollback, and recovery after a
+//! restart.
 //!
 //! Every function here takes the [`Mutator`]: holding it is what allows
 //! changing the journal, the active link and the service. Durable phases
@@ -11,10 +12,11 @@
 //!     └──fail──▶ failed ◀──ok── rolling-back ──restore/start fails──▶ rollback-failed
 //! ```
 //!
-//! Recovery is [`recover`]: one `match` on the durable phase, reading like
-//! the seed's table. Its first half (select the previous link, persist the
-//! recovery phase) runs before the updater reports ready; the stop/start
-//! that remains ([`Pending`]) runs afterwards on a background thread.
+//! Recovery is [`recover`]: one `match` on the durable phase, reading like the
+//! recovery table (`docs/design/upgrade.md` "Recovery"). Its first half (select
+//! the previous link, persist the recovery phase) runs before the updater
+//! reports ready; the stop/start that remains ([`Pending`]) runs afterwards on
+//! a background thread.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -490,8 +492,9 @@ const RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
 /// journal recorded within a minute, and a full disk is not hammered.
 const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The seed's recovery table, up to the point where the updater may report
-/// ready: the previous link is selected and the recovery phase persisted.
+/// The recovery table (`docs/design/upgrade.md` "Recovery"), up to the point
+/// where the updater may report ready: the previous link is selected and the
+/// recovery phase persisted.
 ///
 /// On a full disk the recovery phase may not be written. The previous link
 /// is selected all the same (a restart in the phase on disk would select it

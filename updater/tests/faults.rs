@@ -1,7 +1,8 @@
 //! The crash matrix: the updater is killed (`abort`, armed with
 //! `FLEET_UPDATER_FAULT`) at every named point — after every journal
 //! write, before and after every symlink switch and service call — then
-//! restarted without the fault. After recovery the seed's table must hold:
+//! restarted without the fault. After recovery the recovery table
+//! (`docs/design/upgrade.md` "Recovery") must hold:
 //! the journal phase and public status it prescribes, exactly one of the
 //! previous or target agent active and running (the supervised agent dies
 //! with its updater, and no orphan is left), and never two agents at once.
@@ -151,7 +152,7 @@ matrix! {
     before_switch_to_target: BeforeSwitchToTarget, Good => FAILED_INTERRUPTED;
     after_switch_to_target: AfterSwitchToTarget, Good => FAILED_INTERRUPTED;
     before_start_target: BeforeStartTarget, Good => FAILED_INTERRUPTED;
-    // Ready, but not yet committed: the seed rolls it back.
+    // Ready, but not yet committed: the recovery table rolls it back.
     after_start_target_ready: AfterStartTarget, Good => FAILED_INTERRUPTED;
     after_start_target_failed: AfterStartTarget, StartFails => FAILED_INTERRUPTED;
     // | committed | keep the target |

@@ -1,7 +1,7 @@
 //! Reading one key of this device with Direct Get, in the subject-appended
 //! form a per-device permission can scope
 //! (`fleetapi.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<device>.<key>`, empty
-//! body; DESIGN.md "How a device talks to JetStream", generation 2). Any
+//! body; `docs/design/protocol.md` "Generation 2: reads without a consumer"). Any
 //! replica of the stream may answer.
 //!
 //! The answer is the key's last message with `Nats-Sequence` and

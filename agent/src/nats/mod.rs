@@ -1,7 +1,7 @@
 //! The agent's NATS client: the `nats` crate for the core protocol
 //! (connect, TLS, auth, reconnect, publish, subscribe, headers) and a thin
 //! JetStream layer of our own that stays inside the per-device permissions
-//! of DESIGN.md ("How a device talks to JetStream"):
+//! of `docs/design/protocol.md` ("Permissions"):
 //!
 //! - [`connection`]: connecting (15 s per attempt, retried over a window),
 //!   reconnect tracking, and the [`Nats`] handle every thread shares;

@@ -1,5 +1,5 @@
 //! A thread that keeps one key of this device current, without a JetStream
-//! consumer (DESIGN.md "How a device talks to JetStream", generation 2):
+//! consumer (`docs/design/protocol.md` "Generation 2: reads without a consumer"):
 //! the device's desired-workloads document in `fleet-workloads`, or its
 //! upgrade intent in `fleet-control`.
 //!

@@ -1,5 +1,5 @@
 //! The upgrade intent (`fleet-control` `<device>.agent-upgrade-intent`),
-//! validated (seed 002, "Intent"): the value must be an
+//! validated (`docs/design/upgrade.md` "Intent"): the value must be an
 //! [`AgentUpgradeAttempt`] (every field valid, unknown fields refused) for
 //! this device and this architecture; then its UUID is checked against the
 //! attempts already seen ([`verdict`]). Pure functions: the worker decides

@@ -1,6 +1,6 @@
-//! Agent upgrades, the agent's half (seed 002): the intent is followed,
-//! validated and forwarded to the updater, and the updater's transaction
-//! is mirrored into `fleet-status` `<device>.upgrade`.
+//! Agent upgrades, the agent's half (`docs/design/upgrade.md`): the intent is
+//! followed, validated and forwarded to the updater, and the updater's
+//! transaction is mirrored into `fleet-status` `<device>.upgrade`.
 //!
 //! | piece | owns |
 //! |---|---|
@@ -364,9 +364,9 @@ impl fmt::Display for StartupError {
 
 impl std::error::Error for StartupError {}
 
-/// Start-up after a possible cutover (seed 002, "Readiness and commit"):
-/// reads the updater's transaction (bounded by the status response limit)
-/// and, when the updater is starting its target, checks this binary is
+/// Start-up after a possible cutover (`docs/design/upgrade.md` "Readiness and
+/// commit"): reads the updater's transaction (bounded by the status response
+/// limit) and, when the updater is starting its target, checks this binary is
 /// that version. An unreachable updater is logged and start-up goes on: a
 /// device never goes without an agent because its updater is down.
 pub fn recovered_transaction(

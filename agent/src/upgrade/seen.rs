@@ -1,6 +1,7 @@
 //! The persisted record of attempts seen ([`SeenAttempts`] at
 //! `Layout::seen_attempts()`): the latest attempts in full and the uuid →
-//! digest binding of every attempt ever seen (seed 002: a UUID reused with
+//! digest binding of every attempt ever seen (`docs/design/security.md`
+//! "Attempt identity": a UUID reused with
 //! other content is refused, with no window; up to `MAX_BOUND_ATTEMPTS`,
 //! where new attempts are refused). Loaded at start, rewritten durably (temp
 //! file, fsync, rename, directory fsync) at every change. A missing file is

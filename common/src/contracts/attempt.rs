@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::validate::{Arch, ArtifactUrl, AttemptUuid, DeviceId, MaxBytes, Sha256Hex, Version};
 
 /// One upgrade attempt for one device. No source version and no expiry
-/// (seed 002, "Trust boundary"): a device back after months upgrades
+/// (`docs/design/upgrade.md` "The attempt"): a device back after months upgrades
 /// directly to the current target.
 ///
 /// Fields are declared in sorted order so the serialized form is canonical

@@ -18,7 +18,8 @@ pub struct Freeze {
     pub caller_uid: u32,
 }
 
-/// The agent's configuration state (the seed's `configstate`). The agent
+/// The agent's configuration state (`configstate` in the design it comes
+/// from: `docs/design/freeze.md`). The agent
 /// never leaves `changefreeze` on its own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "state", deny_unknown_fields)]
@@ -114,7 +115,7 @@ pub struct PodmanUnreachable {
 }
 
 /// How an agent run ended: when it stopped and how long draining the
-/// in-flight mutation took (seed 002, "Stop, switch, start").
+/// in-flight mutation took (`docs/design/upgrade.md` "Stop, switch, start").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Stopping {

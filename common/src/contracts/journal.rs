@@ -1,6 +1,7 @@
 //! The updater journal (`/var/lib/harmony-fleet/updater/journal.json`): the
 //! one durable record of the current upgrade transaction, and the attempts
-//! already finished. The recovery table of seed 002 is driven entirely by
+//! already finished. The recovery table (`docs/design/upgrade.md`
+//! "Recovery") is driven entirely by
 //! [`JournalPhase`]; nothing is inferred from the filesystem.
 
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ use crate::validate::{AttemptUuid, BoundedText, Sha256Hex, Version};
 /// The journal file's format number; a file of another format is refused.
 pub const JOURNAL_FORMAT: u32 = 1;
 
-/// The six durable phases (seed 002, "Recovery").
+/// The six durable phases (`docs/design/upgrade.md` "The journal").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum JournalPhase {

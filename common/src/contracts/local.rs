@@ -1,6 +1,6 @@
-//! Requests and responses of the two local sockets (DESIGN.md "Local socket
-//! protocol"): one JSON request per connection, newline-terminated, one JSON
-//! response.
+//! Requests and responses of the two local sockets (`docs/design/protocol.md`
+//! "The local sockets"): one JSON request per connection, newline-terminated,
+//! one JSON response.
 //!
 //! ```text
 //! {"request":"status"}
@@ -211,7 +211,8 @@ impl fmt::Display for ErrorCode {
     }
 }
 
-/// Why the agent refused to enter a change freeze (DESIGN.md "Change freeze").
+/// Why the agent refused to enter a change freeze (`docs/design/freeze.md`
+/// "Entering").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Refusal {

@@ -1,7 +1,7 @@
-//! Agent releases as OCI artifacts (DESIGN.md "Artifacts"): the media
-//! types, the image-manifest and descriptor wire types shared by the
-//! updater (pull) and fleetctl (push), and the one check that turns
-//! manifest bytes into a validated [`AgentArtifact`].
+//! Agent releases as OCI artifacts (`docs/design/upgrade.md` "Artifacts"): the
+//! media types, the image-manifest and descriptor wire types shared by the
+//! updater (pull) and fleetctl (push), and the one check that turns manifest
+//! bytes into a validated [`AgentArtifact`].
 //!
 //! What fleetctl pushes is an OCI 1.1 artifact: `artifactType` set, the
 //! empty config (`{}`), one layer holding the agent binary as is. Pre-1.1

@@ -1,9 +1,9 @@
 //! The agent's record of upgrade attempts it has seen
-//! (`/var/lib/harmony-fleet/agent/attempts.json`): uuid → digest and
-//! outcome, so that a UUID reused with other content is refused and an
-//! attempt that already ended is never forwarded again (seed 002, "Intent").
-//! The full records are bounded at [`MAX_REMEMBERED_ATTEMPTS`] (the oldest
-//! goes first); the binding of every attempt (uuid → digest, see
+//! (`/var/lib/harmony-fleet/agent/attempts.json`): uuid → digest and outcome,
+//! so that a UUID reused with other content is refused and an attempt that
+//! already ended is never forwarded again (`docs/design/upgrade.md` "Intent").
+//! The full records are bounded at [`MAX_REMEMBERED_ATTEMPTS`] (the oldest goes
+//! first); the binding of every attempt (uuid → digest, see
 //! [`AttemptBindings`]) is kept for the device's lifetime, up to
 //! [`MAX_BOUND_ATTEMPTS`], where new attempts are refused rather than an old
 //! binding forgotten. The updater keeps its own [`AttemptBindings`].

@@ -1,6 +1,6 @@
 //! `SelfTestReport`: what `fleet-agent --self-test --config PATH` prints on
-//! stdout, one JSON object, read by the updater's probe (seed 002,
-//! "Preparation and probe").
+//! stdout, one JSON object, read by the updater's probe
+//! (`docs/design/upgrade.md` "Preparation and probe").
 //!
 //! The updater is never self-updated, so it must read the reports of agents
 //! newer than itself: unknown fields are accepted here, unlike every other

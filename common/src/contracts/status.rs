@@ -18,7 +18,7 @@ use crate::limits::MAX_INTENT_EXCERPTS;
 use crate::time::Timestamp;
 use crate::validate::{AttemptUuid, BoundedText, Excerpt, Sha256Hex, Version};
 
-/// The seven public phases (seed 002, "Status").
+/// The seven public phases (`docs/design/upgrade.md` "Status").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum UpgradePhase {

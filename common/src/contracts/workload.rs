@@ -1,6 +1,7 @@
-//! Workloads: the desired `WorkloadSpec` an operator puts at
-//! `fleet-desired` `<device>.<workload>`, and the observed state a device
-//! reports at `fleet-status` `<device>.workloads`.
+//! Workloads: the desired `WorkloadSpec` an operator puts in a device's
+//! document at `fleet-workloads` `<device>.desired` (and, for agents 0.1.0,
+//! at `fleet-desired` `<device>.<workload>`), and the observed state a
+//! device reports at `fleet-status` `<device>.workloads`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -377,6 +378,20 @@ pub enum WorkloadState {
     Unknown,
 }
 
+impl WorkloadState {
+    /// The state's name, as the reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::Exited => "exited",
+            Self::BackOff => "back-off",
+            Self::Invalid => "invalid",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
 /// What a device reports for one workload.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -471,4 +486,26 @@ pub struct AppliedSpecs {
 
 impl AppliedSpecs {
     pub const FORMAT: u32 = 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workload_states_name_is_its_wire_spelling() {
+        for s in [
+            WorkloadState::Pending,
+            WorkloadState::Running,
+            WorkloadState::Exited,
+            WorkloadState::BackOff,
+            WorkloadState::Invalid,
+            WorkloadState::Unknown,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&s).expect("serialize"),
+                format!("\"{}\"", s.name())
+            );
+        }
+    }
 }

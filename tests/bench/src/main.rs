@@ -1,7 +1,9 @@
-//! `fleet-bench` (`make bench`): measures every target of DESIGN.md
-//! ("Targets") on the release binaries, each beside a baseline measured in
-//! the same run, and prints one markdown table (also written to
-//! `<target>/bench/last-run.md`).
+//! `fleet-bench` (`make bench`): measures every target of
+//! `docs/development/bench.md` ("Targets") on the release binaries, each
+//! beside a baseline measured in the same run, and prints one markdown
+//! table (also written to `<target>/bench/last-run.md`). Each section's
+//! rows also go to its page `docs/bench/<section>.md` ([`pages`]), which a
+//! run rewrites only for the sections it ran.
 //!
 //! Sections, in order (`--only` picks some):
 //! - `sizes`: stripped binary sizes ([`bins`]);
@@ -27,6 +29,7 @@ mod bins;
 mod cutover;
 mod fleet;
 mod notify;
+mod pages;
 mod procfs;
 mod report;
 mod rollout;
@@ -34,6 +37,7 @@ mod scale;
 mod traffic;
 mod updater;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -44,12 +48,13 @@ use crate::bins::Build;
 use crate::report::{mib, Row, Table, Verdict};
 use crate::updater::{Artifact, UpdaterBench};
 
-const USAGE: &str = "fleet-bench: measures the DESIGN.md targets (run it with `make bench`)
+const USAGE: &str =
+    "fleet-bench: measures the targets of docs/development/bench.md (run it with `make bench`)
 
 Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--latency-runs N] [--fleet N,...] [--rollout N]
                    [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
-                   [--scale-nats 2.14,2.9] [--scale-gen 1,2]
+                   [--scale-nats 2.14,2.9] [--scale-gen 1,2] [--docs-dir DIR]
                    [--scale-steady] [--traffic-secs N]
 
 Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic
@@ -62,6 +67,10 @@ Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
           (--scale-steady: the scale section measures only the steady state,
           agent 0.3's protocol against 0.2's heartbeat protocol, each on a
           fresh cluster)
+
+Each section run rewrites its page DIR/<section>.md (default: docs/bench in
+the workspace) between the page's markers; the others are left as they are.
+The whole table also goes to <target>/bench/last-run.md.
 ";
 
 /// Every section, in the order they run.
@@ -87,10 +96,15 @@ struct Args {
     scale_steady: bool,
     /// The traffic section's idle window.
     traffic_window: Duration,
+    /// Where the sections' pages are written.
+    docs_dir: PathBuf,
+    /// The arguments as given, for the pages.
+    given: Vec<String>,
 }
 
 impl Args {
     fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
+        let given: Vec<String> = args.collect();
         let mut a = Args {
             sections: SECTIONS.iter().map(|s| (*s).to_owned()).collect(),
             cpu_window: Duration::from_secs(60),
@@ -105,8 +119,10 @@ impl Args {
             scale_baseline: true,
             traffic_window: Duration::from_secs(600),
             scale_steady: false,
+            docs_dir: fleet_harness::workspace_root().join("docs").join("bench"),
+            given: given.clone(),
         };
-        let mut args = args.peekable();
+        let mut args = given.into_iter().peekable();
         while let Some(arg) = args.next() {
             let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
             let number = |v: String| {
@@ -171,6 +187,7 @@ impl Args {
                         .map(|n| number(n.to_owned()))
                         .collect::<Result<_, _>>()?
                 }
+                "--docs-dir" => a.docs_dir = PathBuf::from(value()?),
                 "--help" | "-h" => return Err(String::new()),
                 other => return Err(format!("unknown argument {other:?}")),
             }
@@ -180,6 +197,15 @@ impl Args {
 
     fn has(&self, section: &str) -> bool {
         self.sections.iter().any(|s| s == section)
+    }
+
+    /// The arguments as a page shows them.
+    fn shown(&self) -> String {
+        if self.given.is_empty() {
+            "none (every section, default sizes)".to_owned()
+        } else {
+            format!("`{}`", self.given.join(" "))
+        }
     }
 }
 
@@ -195,14 +221,37 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (table, times) = run(&args);
-    let md = table.render(&format!("{}\n\n{}", header(), times.summary()));
+    let (results, times) = run(&args);
+    let header = header();
+    let table = Table::joined(results.iter().map(|(_, t)| t));
+    let md = table.render(&format!("{header}\n\n{}", times.summary()));
     println!("\n{md}");
     let out = bins::target_dir().join("bench");
     let path = out.join("last-run.md");
     if let Err(e) = std::fs::create_dir_all(&out).and_then(|()| std::fs::write(&path, &md)) {
         eprintln!("fleet-bench: writing {}: {e}", path.display());
         return ExitCode::FAILURE;
+    }
+    let mut pages_ok = true;
+    for (section, took) in &times.done {
+        let empty = Table::default();
+        let rows = results
+            .iter()
+            .find(|(s, _)| s == section)
+            .map_or(&empty, |(_, t)| t);
+        let block = rows.render(&format!(
+            "{header}\n\n{} This section: {}. Arguments: {}.",
+            times.summary(),
+            minutes(*took),
+            args.shown()
+        ));
+        match pages::write(&args.docs_dir, section, &block) {
+            Ok(p) => eprintln!("fleet-bench: {section}: written to {}", p.display()),
+            Err(e) => {
+                eprintln!("fleet-bench: {e}");
+                pages_ok = false;
+            }
+        }
     }
     let measured = table
         .rows()
@@ -218,7 +267,26 @@ fn main() -> ExitCode {
         "fleet-bench: {met} of {measured} measured targets met; written to {}",
         path.display()
     );
-    ExitCode::SUCCESS
+    if pages_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The rows of each section run, in order.
+type Results = Vec<(String, Table)>;
+
+/// The table of `section` in `results`: the last one when it is that
+/// section's, else a new one (rows of one section are pushed together).
+fn section_table<'a>(results: &'a mut Results, section: &str) -> &'a mut Table {
+    if results.last().map(|(s, _)| s.as_str()) != Some(section) {
+        results.push((section.to_owned(), Table::default()));
+    }
+    &mut results
+        .last_mut()
+        .expect("INVARIANT: a table was pushed just above when there was none")
+        .1
 }
 
 /// How long each section of a run took: where the time of `make bench`
@@ -275,10 +343,11 @@ fn minutes(d: Duration) -> String {
     }
 }
 
-fn run(args: &Args) -> (Table, SectionTimes) {
-    let mut table = Table::default();
+fn run(args: &Args) -> (Results, SectionTimes) {
+    let mut results = Results::new();
     let mut times = SectionTimes::start();
     if args.has("sizes") {
+        let table = section_table(&mut results, "sizes");
         for row in bins::size_rows() {
             table.push(row);
         }
@@ -286,11 +355,18 @@ fn run(args: &Args) -> (Table, SectionTimes) {
     }
     if args.has("device") || args.has("download") {
         let ca = TestCa::new();
-        // Both builds of the updater idle side by side for the whole run.
+        // Both builds of the updater idle side by side for the whole run;
+        // their idle memory is a device figure (a download one when the
+        // device section does not run).
+        let idle = if args.has("device") {
+            "device"
+        } else {
+            "download"
+        };
         let mut updater = UpdaterBench::start(&ca, &Build::Shipped.bin("fleet-updater"));
         let mut glibc = UpdaterBench::start(&ca, &Build::Glibc.bin("fleet-updater"));
         for (build, u) in [(Build::Shipped, &updater), (Build::Glibc, &glibc)] {
-            table.push(updater_idle_rss(u, build));
+            section_table(&mut results, idle).push(updater_idle_rss(u, build));
         }
         if args.has("device") {
             for build in Build::all() {
@@ -298,12 +374,13 @@ fn run(args: &Args) -> (Table, SectionTimes) {
                     Build::Shipped => &updater,
                     Build::Glibc => &glibc,
                 };
-                device_section(args, &mut table, u, build);
+                device_section(args, section_table(&mut results, "device"), u, build);
             }
             times.lap("device");
         }
         if args.has("download") {
             let artifact = Artifact::random();
+            let table = section_table(&mut results, "download");
             for row in
                 updater::download_rows(&mut updater, &mut glibc, &ca, &artifact, args.download_runs)
             {
@@ -313,6 +390,7 @@ fn run(args: &Args) -> (Table, SectionTimes) {
         }
     }
     if args.has("fleet") {
+        let table = section_table(&mut results, "fleet");
         for n in &args.fleet {
             for row in fleet::fleet_rows(*n) {
                 table.push(row);
@@ -321,18 +399,21 @@ fn run(args: &Args) -> (Table, SectionTimes) {
         times.lap("fleet");
     }
     if args.has("rollout") {
+        let table = section_table(&mut results, "rollout");
         for row in rollout::rollout_rows(args.rollout) {
             table.push(row);
         }
         times.lap("rollout");
     }
     if args.has("cutover") {
+        let table = section_table(&mut results, "cutover");
         for row in cutover::cutover_rows(args.cutover_runs) {
             table.push(row);
         }
         times.lap("cutover");
     }
     if args.has("scale") {
+        let table = section_table(&mut results, "scale");
         for v in &args.scale_nats {
             let rows = if args.scale_steady {
                 scale::steady_rows(&args.scale, args.scale_window, *v)
@@ -346,12 +427,13 @@ fn run(args: &Args) -> (Table, SectionTimes) {
         times.lap("scale");
     }
     if args.has("traffic") {
+        let table = section_table(&mut results, "traffic");
         for row in traffic::traffic_rows(args.traffic_window) {
             table.push(row);
         }
         times.lap("traffic");
     }
-    (table, times)
+    (results, times)
 }
 
 /// One agent of `build` with 20 workloads and the idle updater of the same
@@ -563,6 +645,43 @@ mod tests {
         assert_eq!(
             parse(&["--runs"]).expect_err("unknown"),
             "unknown argument \"--runs\""
+        );
+    }
+
+    #[test]
+    fn pages_go_to_the_workspace_docs_unless_told_and_show_the_arguments() {
+        let a = parse(&[]).expect("defaults");
+        assert_eq!(
+            a.docs_dir,
+            fleet_harness::workspace_root().join("docs/bench")
+        );
+        assert_eq!(a.shown(), "none (every section, default sizes)");
+        let a = parse(&["--only", "scale", "--docs-dir", "/tmp/x"]).expect("valid");
+        assert_eq!(a.docs_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(a.shown(), "`--only scale --docs-dir /tmp/x`");
+        assert_eq!(
+            parse(&["--docs-dir"]).expect_err("no value"),
+            "--docs-dir needs a value"
+        );
+    }
+
+    #[test]
+    fn each_section_gets_its_own_table_with_its_own_note_numbers() {
+        let mut results = Results::new();
+        section_table(&mut results, "device").push(Row::new("idle").note("a"));
+        section_table(&mut results, "device").push(Row::new("rss").note("b"));
+        section_table(&mut results, "scale").push(Row::new("slope").note("c"));
+        let names: Vec<&str> = results.iter().map(|(s, _)| s.as_str()).collect();
+        assert_eq!(names, ["device", "scale"]);
+        let scale = results[1].1.render("h");
+        assert!(
+            scale.contains("| slope [1] |") && scale.ends_with("1. c\n"),
+            "{scale}"
+        );
+        let all = Table::joined(results.iter().map(|(_, t)| t)).render("h");
+        assert!(
+            all.contains("| slope [3] |") && all.ends_with("3. c\n"),
+            "{all}"
         );
     }
 

@@ -1,6 +1,6 @@
 //! The result table: one row per figure (ours, the baseline measured in the
-//! same run, their ratio or delta, the DESIGN.md target, a verdict), notes
-//! numbered under it, rendered as markdown.
+//! same run, their ratio or delta, the target of `docs/development/bench.md`
+//! "Targets", a verdict), notes numbered under it, rendered as markdown.
 
 use std::fmt::Write as _;
 
@@ -118,6 +118,16 @@ impl Table {
 
     pub fn rows(&self) -> &[Row] {
         &self.rows
+    }
+
+    /// The rows of `tables`, in order, as one table (nothing logged again).
+    pub fn joined<'a>(tables: impl IntoIterator<Item = &'a Table>) -> Table {
+        Table {
+            rows: tables
+                .into_iter()
+                .flat_map(|t| t.rows.iter().cloned())
+                .collect(),
+        }
     }
 
     /// The markdown table, then its notes.

@@ -32,7 +32,8 @@ pub const UPDATER_UNIT: &str = "fleet-updater.service";
 pub const AGENT_START_TIMEOUT_SECS: u64 = 20;
 /// The updater's bounds (`FLEET_UPDATER_TEST_BOUNDS`, ms): its start bound
 /// 5 s above systemd's, as in production (4 min 15 s around 4 min), so
-/// systemd's timeout is what fails a start. The others keep the seed's.
+/// systemd's timeout is what fails a start. The others keep the binding
+/// ones (`docs/design/limits.md`).
 pub const UPDATER_TEST_BOUNDS: &str = "start=25000";
 /// The agent's `RestartSec` (5 s in the unit).
 pub const AGENT_RESTART_SEC: &str = "1s";

@@ -18,7 +18,7 @@
 //! its `RestartSec` 5 s → [`AGENT_RESTART_SEC`]; the updater's start bound
 //! 4 min 15 s → 25 s ([`UPDATER_TEST_BOUNDS`]) and its `RestartSec` 2 s →
 //! [`UPDATER_RESTART_SEC`]. Everything else runs with the shipped units
-//! and the seed's bounds.
+//! and the binding bounds (`docs/design/limits.md`).
 
 mod device;
 mod fleet;

@@ -1,9 +1,9 @@
 //! The fault matrix: for every fault point of the updater, which candidate
-//! reaches it and what the seed's recovery table prescribes ([`plan`], one
-//! `match`, so a new point cannot be left out), the outcomes the test saw
-//! after the updater was SIGKILLed there and after the device lost power
-//! there ([`Outcome`]), and the table `make test` prints last ([`render`],
-//! written to [`path`]).
+//! reaches it and what the recovery table (`docs/design/upgrade.md`) prescribes
+//! ([`plan`], one `match`, so a new point cannot be left out), the outcomes the
+//! test saw after the updater was SIGKILLed there and after the device lost
+//! power there ([`Outcome`]), and the table `make test` prints last
+//! ([`render`], written to [`path`]).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -73,7 +73,7 @@ impl Expect {
     }
 }
 
-/// The candidate that reaches `point` and the outcome the seed's recovery
+/// The candidate that reaches `point` and the outcome the recovery
 /// table gives for a crash there.
 pub fn plan(point: FaultPoint) -> (Candidate, Expect) {
     use FaultPoint as P;

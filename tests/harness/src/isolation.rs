@@ -1,6 +1,6 @@
-//! Device isolation as DESIGN.md promises it, checked against any server
-//! that places devices in `DEVICES` with `fleet_common`'s permission template
-//! (static users or users issued by the auth callout).
+//! Device isolation as `docs/design/security.md` promises it, checked against
+//! any server that places devices in `DEVICES` with `fleet_common`'s permission
+//! template (static users or users issued by the auth callout).
 //!
 //! A [`DeviceClient`] is a device connection whose server-side errors
 //! (permission violations arrive as `-ERR` lines, reported only to the error

@@ -14,6 +14,8 @@ mod builds;
 mod callout;
 pub mod desired;
 mod device;
+#[cfg(test)]
+mod doc_links;
 pub mod fuzz;
 mod https;
 mod idp;

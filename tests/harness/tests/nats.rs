@@ -1,6 +1,6 @@
 //! The harness's nats-servers: plain, fleet layout (device isolation as
-//! DESIGN.md promises it), restart, and a 3-node cluster losing a node, on
-//! both supported server versions.
+//! `docs/design/security.md` promises it), restart, and a 3-node cluster losing
+//! a node, on both supported server versions.
 
 use std::process::Command;
 use std::sync::mpsc;

@@ -268,6 +268,27 @@ pub fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The man pages `fleetctl` generates (one per command: `fleetctl.1`,
+/// `fleetctl-rollout.1`, ...), by file name: what the fleetctl package and
+/// `make install` must carry, gzipped, in `man1`.
+pub fn fleetctl_man_pages(fleetctl: &Path) -> Vec<String> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    run(Command::new(fleetctl)
+        .args(["generate", "man"])
+        .arg(dir.path()));
+    let mut pages: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("generated pages")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    pages.sort();
+    assert!(
+        pages.iter().any(|p| p == "fleetctl.1") && pages.len() > 10,
+        "fleetctl generate man wrote {pages:?}"
+    );
+    pages
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,8 @@
 //! fleetctl's bash completion: the harmony-fleetctl package ships it where
 //! bash-completion looks (`/usr/share/bash-completion/completions/fleetctl`,
-//! loaded on demand), and it completes the commands `fleetctl --help` names.
+//! loaded on demand); it is what the shipped binary generates from its clap
+//! definition, and it completes the commands `fleetctl --help` names and
+//! the options each command's help lists.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -52,6 +54,17 @@ fn set(words: &[&str]) -> BTreeSet<String> {
     words.iter().map(|w| (*w).to_owned()).collect()
 }
 
+/// The commands a `--help` lists under "Commands:" ("  NAME  what it does").
+fn help_commands(help: &str) -> BTreeSet<String> {
+    help.lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
 #[test]
 fn fleetctl_completes_the_commands_its_help_names() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -64,54 +77,78 @@ fn fleetctl_completes_the_commands_its_help_names() {
         "the package has no {}",
         shipped.display()
     );
+    let fleetctl = dir.path().join("usr/bin/fleetctl");
 
-    // The commands of `fleetctl --help`: "  fleetctl COMMAND ...".
-    let help = run(Command::new(dir.path().join("usr/bin/fleetctl")).arg("--help"));
-    let commands: BTreeSet<String> = help
-        .lines()
-        .filter_map(|l| l.trim_start().strip_prefix("fleetctl "))
-        .filter_map(|rest| rest.split_whitespace().next())
-        .filter(|c| !c.starts_with('-'))
-        .map(str::to_owned)
-        .collect();
+    // The shipped script is what the shipped binary generates.
+    let generated = tempfile::tempdir().expect("tempdir");
+    run(Command::new(&fleetctl)
+        .args(["generate", "completion"])
+        .arg(generated.path()));
+    assert_eq!(
+        std::fs::read(&shipped).expect("read"),
+        std::fs::read(generated.path().join("fleetctl.bash")).expect("read"),
+        "the shipped completion differs from `fleetctl generate completion` (regenerate: make man)"
+    );
+
+    let help = run(Command::new(&fleetctl).arg("--help"));
+    let commands = help_commands(&help);
     assert!(
         commands.len() >= 9,
         "too few commands in help: {commands:?}"
     );
     let mut want = commands.clone();
-    want.extend(["--help".to_owned(), "--version".to_owned()]);
+    want.extend(["-h", "--help", "-V", "--version"].map(str::to_owned));
     assert_eq!(complete(dir.path(), &["fleetctl", ""]), want);
 
     assert_eq!(
         complete(dir.path(), &["fleetctl", "wo"]),
         set(&["workload"])
     );
-    assert_eq!(
-        complete(dir.path(), &["fleetctl", "workload", ""]),
-        set(&["apply", "ls", "rm"])
-    );
-    assert_eq!(
-        complete(dir.path(), &["fleetctl", "device", ""]),
-        set(&["status"])
-    );
-    assert_eq!(
-        complete(dir.path(), &["fleetctl", "buckets", ""]),
-        set(&["create"])
-    );
+    for (group, subcommands) in [
+        ("workload", &["apply", "rm", "delete", "ls"][..]),
+        ("device", &["status", "label", "ls"][..]),
+        ("buckets", &["create"][..]),
+        ("rollout", &["status", "resume", "abort", "ls"][..]),
+    ] {
+        let offered = complete(dir.path(), &["fleetctl", group, ""]);
+        let group_help = run(Command::new(&fleetctl).args([group, "--help"]));
+        for c in subcommands {
+            assert!(
+                offered.contains(*c),
+                "fleetctl {group}: {c} not in {offered:?}"
+            );
+            assert!(
+                group_help
+                    .split(|ch: char| !ch.is_ascii_alphanumeric() && ch != '-')
+                    .any(|w| w == *c),
+                "fleetctl {group} --help does not name {c}"
+            );
+        }
+    }
     assert_eq!(
         complete(dir.path(), &["fleetctl", "artifact", "p"]),
         set(&["push"])
     );
-    // Options: those `fleetctl status --help` lists (and --help).
+    assert_eq!(
+        complete(dir.path(), &["fleetctl", "rollout", "--rel"]),
+        set(&["--release"])
+    );
+    // Options: exactly those `fleetctl status --help` lists.
     let status = complete(dir.path(), &["fleetctl", "status", "--"]);
-    let status_help =
-        run(Command::new(dir.path().join("usr/bin/fleetctl")).args(["status", "--help"]));
-    for opt in status.iter().filter(|o| *o != "--help") {
-        assert!(
-            status_help.contains(opt.as_str()),
-            "completion offers {opt}, which `fleetctl status --help` does not name"
-        );
-    }
+    let status_help = run(Command::new(&fleetctl).args(["status", "--help"]));
+    let listed: BTreeSet<String> = status_help
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|w| {
+            w.starts_with("--")
+                && w.len() > 2
+                && w[2..].chars().all(|c| c.is_ascii_lowercase() || c == '-')
+        })
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        status, listed,
+        "completion of fleetctl status -- against its help"
+    );
     assert!(
         status.contains("--json") && status.contains("--server"),
         "{status:?}"

@@ -6,14 +6,15 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use fleet_harness::require_tool;
+use fleet_harness::{bin_path, require_tool};
 
 use fleet_packaging_tests::{
-    deb, deb_entries, deb_field, extract_deb, rpm, rpm_entries, rpm_flag, rpm_query, run,
-    workspace_version, Arch, Entry, Role,
+    deb, deb_entries, deb_field, extract_deb, fleetctl_man_pages, rpm, rpm_entries, rpm_flag,
+    rpm_query, run, workspace_version, Arch, Entry, Role,
 };
 
-/// The device package's files and modes (DESIGN.md "On the device"; the
+/// The device package's files and modes (`docs/design/architecture.md`
+/// "Paths on a device"; the
 /// bootstrap agent is not at a managed `fleet-agent-v<version>` path, so a
 /// package upgrade can never delete a version the active link points at).
 const DEVICE_FILES: &[(&str, u32)] = &[
@@ -46,9 +47,21 @@ const SETUP_LINE: &str =
 const FLEETCTL_FILES: &[(&str, u32)] = &[
     ("/usr/bin/fleetctl", 0o755),
     ("/usr/share/doc/harmony-fleetctl/copyright", 0o644),
-    ("/usr/share/man/man1/fleetctl.1.gz", 0o644),
     ("/usr/share/bash-completion/completions/fleetctl", 0o644),
 ];
+
+/// FLEETCTL_FILES and fleetctl's man pages, one per command (the debug
+/// fleetctl, built from the same definition, lists them).
+fn fleetctl_files() -> Vec<(String, u32)> {
+    let mut files: Vec<(String, u32)> = FLEETCTL_FILES
+        .iter()
+        .map(|(p, m)| ((*p).to_owned(), *m))
+        .collect();
+    for page in fleetctl_man_pages(&bin_path("fleetctl")) {
+        files.push((format!("/usr/share/man/man1/{page}.gz"), 0o644));
+    }
+    files
+}
 
 /// The fleetctl .deb's changelog (rpm's is in the header).
 const DEB_FLEETCTL_FILES: &[(&str, u32)] =
@@ -233,14 +246,14 @@ fn fleetctl_is_a_package_of_its_own_and_never_on_the_device() {
     // `make packages-for-test` builds fleetctl for amd64 only (`make
     // packages` for every architecture).
     let d = deb(Role::Fleetctl, Arch::Amd64);
-    assert_eq!(
-        files(&deb_entries(&d), &d.display().to_string()),
-        expected(&[FLEETCTL_FILES, DEB_FLEETCTL_FILES].concat())
-    );
+    let fleetctl = fleetctl_files();
+    let mut deb_files: BTreeMap<String, u32> = fleetctl.iter().cloned().collect();
+    deb_files.extend(expected(DEB_FLEETCTL_FILES));
+    assert_eq!(files(&deb_entries(&d), &d.display().to_string()), deb_files);
     let r = rpm(Role::Fleetctl, Arch::Amd64);
     assert_eq!(
         files(&rpm_entries(&r), &r.display().to_string()),
-        expected(FLEETCTL_FILES)
+        fleetctl.into_iter().collect::<BTreeMap<_, _>>()
     );
     for arch in Arch::all() {
         for e in deb_entries(&deb(Role::Device, arch)) {

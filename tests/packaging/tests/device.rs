@@ -78,7 +78,7 @@ fn installing_the_deb_sets_up_the_device() {
         );
     }
 
-    // Directories, DESIGN.md "On the device".
+    // Directories, `docs/design/architecture.md` "Paths on a device".
     for (path, want) in [
         ("/var/lib/harmony-fleet", "755 root root"),
         ("/var/lib/harmony-fleet/updater", "700 root root"),

@@ -6,8 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use fleet_harness::workspace_root;
-use fleet_packaging_tests::run;
+use fleet_harness::{bin_path, workspace_root};
+use fleet_packaging_tests::{fleetctl_man_pages, run};
 
 fn make(args: &[&str]) -> String {
     let mut cmd = Command::new("make");
@@ -55,7 +55,6 @@ fn install_honours_destdir_and_prefix_and_uninstall_takes_it_back() {
     let mut want: Vec<(String, u32)> = [
         ("/opt/fleet/bin/fleetctl", 0o755),
         ("/opt/fleet/share/doc/harmony-fleetctl/copyright", 0o644),
-        ("/opt/fleet/share/man/man1/fleetctl.1.gz", 0o644),
         (
             "/opt/fleet/share/bash-completion/completions/fleetctl",
             0o644,
@@ -76,6 +75,10 @@ fn install_honours_destdir_and_prefix_and_uninstall_takes_it_back() {
     .iter()
     .map(|(p, m)| ((*p).to_owned(), *m))
     .collect();
+    // fleetctl's man pages, one per command.
+    for page in fleetctl_man_pages(&bin_path("fleetctl")) {
+        want.push((format!("/opt/fleet/share/man/man1/{page}.gz"), 0o644));
+    }
     want.sort();
     assert_eq!(files(&destdir), want);
 

@@ -1,10 +1,12 @@
-//! The man pages say what `--help` says: each page the packages ship,
-//! rendered by man(1), against the shipped binary's own output, section by
-//! section as `scripts/man.sh sections PAGE` lists them. fleet-auth-callout
-//! is in no package: its page (target/man) is checked against the debug
-//! binary.
+//! The man pages say what `--help` says: each daemon page the packages
+//! ship, rendered by man(1), against the shipped binary's own output,
+//! section by section as `scripts/man.sh sections PAGE` lists them.
+//! fleet-auth-callout is in no package: its page (target/man) is checked
+//! against the debug binary. fleetctl's pages (one per command) are what
+//! the shipped fleetctl generates from its clap definition, and each names
+//! every option its command's `--help` lists.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -117,13 +119,6 @@ fn shipped_man_pages_say_what_the_shipped_binaries_help_says() {
         &file(device.path(), "/usr/share/man/man8/fleet-updater.8.gz"),
         &file(device.path(), "/usr/lib/harmony-fleet/fleet-updater"),
     );
-    let fleetctl = tempfile::tempdir().expect("tempdir");
-    extract_deb(&deb(Role::Fleetctl, Arch::Amd64), fleetctl.path());
-    check(
-        "fleetctl",
-        &file(fleetctl.path(), "/usr/share/man/man1/fleetctl.1.gz"),
-        &file(fleetctl.path(), "/usr/bin/fleetctl"),
-    );
     // The ARM packages carry the same pages (help is the same everywhere).
     for arch in [Arch::Arm64, Arch::Armhf] {
         let other = tempfile::tempdir().expect("tempdir");
@@ -137,6 +132,110 @@ fn shipped_man_pages_say_what_the_shipped_binaries_help_says() {
             );
         }
     }
+}
+
+/// The long options a `--help` lists (`--name`, at a line's start or after
+/// `-x, `).
+fn help_options(help: &str) -> BTreeSet<String> {
+    help.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l.split_once(", ").map_or(l, |(short, rest)| {
+                if short.len() == 2 && short.starts_with('-') {
+                    rest
+                } else {
+                    l
+                }
+            });
+            l.strip_prefix("--")
+                .and_then(|rest| rest.split([' ', '<']).next())
+                .map(|name| format!("--{name}"))
+        })
+        .collect()
+}
+
+#[test]
+fn fleetctls_shipped_pages_are_what_it_generates_and_name_every_option() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    extract_deb(&deb(Role::Fleetctl, Arch::Amd64), dir.path());
+    let fleetctl = file(dir.path(), "/usr/bin/fleetctl");
+    let man1 = dir.path().join("usr/share/man/man1");
+    let mut shipped = BTreeMap::new();
+    for e in std::fs::read_dir(&man1).expect("man1").flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let page = name.strip_suffix(".gz").expect("gzipped pages").to_owned();
+        let text = run(Command::new("gzip").arg("-dc").arg(e.path()));
+        shipped.insert(page, text);
+    }
+    // The date the shipped pages carry (.TH NAME 1 DATE ...).
+    let top = shipped
+        .get("fleetctl.1")
+        .expect("the package has fleetctl.1");
+    let date = top
+        .lines()
+        .find_map(|l| l.strip_prefix(".TH "))
+        .and_then(|th| th.split_whitespace().nth(2))
+        .expect(".TH line with a date")
+        .to_owned();
+    let generated = tempfile::tempdir().expect("tempdir");
+    run(Command::new(&fleetctl)
+        .args(["generate", "man"])
+        .arg(generated.path())
+        .args(["--date", &date]));
+    let mut fresh = BTreeMap::new();
+    for e in std::fs::read_dir(generated.path()).expect("dir").flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        fresh.insert(name, std::fs::read_to_string(e.path()).expect("read"));
+    }
+    assert_eq!(
+        shipped.keys().collect::<Vec<_>>(),
+        fresh.keys().collect::<Vec<_>>(),
+        "the package's pages against `fleetctl generate man`"
+    );
+    for (page, text) in &shipped {
+        assert_eq!(
+            text, &fresh[page],
+            "{page} differs from what the shipped fleetctl generates (regenerate: make man)"
+        );
+    }
+    // Every command has its page, and the page names every option of the
+    // command's --help.
+    let commands = [
+        &[][..],
+        &["workload", "apply"],
+        &["workload", "rm"],
+        &["device", "label"],
+        &["upgrade"],
+        &["rollout"],
+        &["rollout", "status"],
+        &["status"],
+        &["watch"],
+        &["nats-config"],
+        &["artifact", "push"],
+        &["buckets", "create"],
+    ];
+    for words in commands {
+        let page = std::iter::once("fleetctl")
+            .chain(words.iter().copied())
+            .collect::<Vec<_>>()
+            .join("-");
+        let path = man1.join(format!("{page}.1.gz"));
+        assert!(path.is_file(), "the package has no page {page}(1)");
+        let rendered: String = render(&path).into_values().collect::<Vec<_>>().join("\n");
+        let help = run(Command::new(&fleetctl).args(words.iter()).arg("--help"));
+        let options = help_options(&help);
+        assert!(
+            !options.is_empty() && options.contains("--help"),
+            "{page}: {options:?}"
+        );
+        for o in &options {
+            assert!(rendered.contains(o.as_str()), "{page}(1) does not name {o}");
+        }
+    }
+    let name = render(&man1.join("fleetctl.1.gz"))
+        .remove("NAME")
+        .expect("NAME");
+    assert_eq!(name, "fleetctl - operate a Harmony fleet");
 }
 
 #[test]

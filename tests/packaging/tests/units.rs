@@ -3,7 +3,8 @@
 //! holding systemd's units, ours, the drop-in device setup writes, and
 //! executables at every ExecStart path; `systemd-sysusers` and
 //! `systemd-tmpfiles` in temp roots, which must create exactly the users,
-//! groups, directories and modes of DESIGN.md.
+//! groups, directories and modes of `docs/design/architecture.md` "Paths on
+//! a device".
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;

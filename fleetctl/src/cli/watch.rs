@@ -1,0 +1,28 @@
+//! `fleetctl watch`: status changes as they happen.
+
+use clap::Args;
+
+use super::{Failure, Output, Select};
+use crate::connect::{ConnFlags, Reconnect};
+use crate::watch;
+
+/// Print devices' status changes as they happen (Ctrl-C stops)
+#[derive(Debug, Args)]
+pub struct Watch {
+    /// Also every heartbeat
+    #[arg(long)]
+    heartbeats: bool,
+    #[command(flatten)]
+    select: Select,
+    #[command(flatten)]
+    conn: ConnFlags,
+}
+
+impl Watch {
+    pub fn run(self) -> Result<Output, Failure> {
+        // watch reconnects until interrupted.
+        let c = self.conn.connect(Reconnect::Forever)?;
+        watch::run(&c, self.heartbeats, self.select.selector.as_ref())?;
+        Ok(Output::text(String::new()))
+    }
+}
