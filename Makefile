@@ -150,11 +150,12 @@ demo: deps build
 # cutover::NEXT_VERSION); built in its own target dir so the release build
 # of the workspace stays as it is.
 BENCH_NEXT_VERSION := 0.3.0-bench
-## bench: every target of docs/development/bench.md measured on release builds (the shipped static musl daemons; glibc beside) with a baseline from the same run (each section's table into docs/bench/<section>.md, the whole in target/bench/last-run.md; ~20 min, 16 of them the scale section). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
+## bench: every target of docs/development/bench.md measured on release builds (the shipped static musl daemons; glibc beside) with a baseline from the same run (each section's table into docs/bench/<section>.md, the whole in target/bench/last-run.md; ~33 min: 16 of them the scale section, 13 the traffic section). BENCH_ARGS: fleet-bench options, e.g. --only sizes,device.
 # The daemons measured against the targets are the amd64 package's (static
 # musl, DEVICE_TRIPLE_amd64); the glibc release build of the workspace is
 # measured beside them.
-bench: deps man
+# The traffic section measures the released agent 0.2.0 beside ours.
+bench: deps man $(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_0_2_VERSION)
 	$(CARGO) build --release --workspace --bins
 	$(MAKE) --no-print-directory release-device ARCH=amd64
 	FLEET_AGENT_VERSION=$(BENCH_NEXT_VERSION) $(CARGO) build --release -p fleet-agent --target $(DEVICE_TRIPLE_amd64) --target-dir $(TARGET_DIR)/bench-next
