@@ -334,7 +334,7 @@ impl JwksCache {
             let mut st = self.lock();
             let stale = st
                 .fetched_at
-                .map_or(true, |t| now.saturating_duration_since(t) >= self.max_age);
+                .is_none_or(|t| now.saturating_duration_since(t) >= self.max_age);
             let known = st.keys.get(kid);
             if let (Some(k), false) = (&known, stale) {
                 return Ok(Arc::clone(k));

@@ -300,7 +300,7 @@ fn from_config_file(path: &Path) -> Result<ConnOptions, CtlError> {
         AuthBlock::Token { token_file } => Auth::Token { token_file },
         AuthBlock::Creds { creds_file } => Auth::Creds { creds_file },
         AuthBlock::TlsCertificate {} => {
-            if !tls.as_ref().is_some_and(|t| t.client_cert.is_some()) {
+            if tls.as_ref().is_none_or(|t| t.client_cert.is_none()) {
                 return Err(bad(
                     "auth.method tls-certificate needs tls.client-cert-file and tls.client-key-file"
                         .into(),

@@ -126,7 +126,7 @@ pub fn select(
                 .unwrap_or_default(),
             view,
         })
-        .filter(|d| sel.map_or(true, |s| d.matches(s)))
+        .filter(|d| sel.is_none_or(|s| d.matches(s)))
         .collect())
 }
 

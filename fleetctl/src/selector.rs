@@ -47,7 +47,7 @@ impl Requirement {
             Self::Eq(_, v) => value == Some(v.as_str()),
             Self::NotEq(_, v) => value != Some(v.as_str()),
             Self::In(_, set) => value.is_some_and(|x| set.contains(x)),
-            Self::NotIn(_, set) => value.map_or(true, |x| !set.contains(x)),
+            Self::NotIn(_, set) => value.is_none_or(|x| !set.contains(x)),
             Self::Exists(_) => value.is_some(),
             Self::NotExists(_) => value.is_none(),
         }

@@ -215,9 +215,10 @@ pub fn unavailable(d: &DeviceView, now: Timestamp) -> bool {
         (None, Some(s)) => !s.phase.is_terminal(),
         (None, None) => false,
     };
-    let stale = d.heartbeat.as_ref().map_or(true, |h| {
-        h.stopping.is_some() || now.since(h.at) > STALE_HEARTBEAT
-    });
+    let stale = d
+        .heartbeat
+        .as_ref()
+        .is_none_or(|h| h.stopping.is_some() || now.since(h.at) > STALE_HEARTBEAT);
     upgrading || stale
 }
 

@@ -159,9 +159,10 @@ pub fn group_line(group: &str, devices: &[&Device], now: Timestamp) -> String {
         {
             frozen += 1;
         }
-        if v.heartbeat.as_ref().map_or(true, |h| {
-            h.stopping.is_some() || now.since(h.at) > STALE_HEARTBEAT
-        }) {
+        if v.heartbeat
+            .as_ref()
+            .is_none_or(|h| h.stopping.is_some() || now.since(h.at) > STALE_HEARTBEAT)
+        {
             stale += 1;
         }
     }

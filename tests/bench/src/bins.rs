@@ -27,7 +27,7 @@ pub fn release_dir() -> PathBuf {
         .parent()
         .unwrap_or_else(|| panic!("{} has no parent", exe.display()))
         .to_path_buf();
-    if !dir.file_name().is_some_and(|n| n == "release") {
+    if dir.file_name().is_none_or(|n| n != "release") {
         panic!(
             "fleet-bench runs from {}: measure release builds: run `make bench` (cargo build --release --workspace --bins)",
             dir.display()

@@ -92,7 +92,7 @@ fn raise_nofile(need: u64) {
     }
     let now = getrlimit(Resource::Nofile).current;
     assert!(
-        now.map_or(true, |c| c >= need),
+        now.is_none_or(|c| c >= need),
         "the open-file limit is {now:?}, below the {need} a fleet of this size needs: raise the hard limit (ulimit -Hn)"
     );
 }

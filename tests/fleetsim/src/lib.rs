@@ -239,7 +239,7 @@ impl Sim {
             if Instant::now() >= deadline {
                 return false;
             }
-            if self.thread.as_ref().map_or(true, |t| t.is_finished()) {
+            if self.thread.as_ref().is_none_or(|t| t.is_finished()) {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(100));

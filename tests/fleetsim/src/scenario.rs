@@ -288,7 +288,7 @@ impl Fleet {
         let recovered = |d: &DeviceRecord| {
             lost(d)
                 .last()
-                .map_or(true, |last| d.snapshot_after(*last).is_some())
+                .is_none_or(|last| d.snapshot_after(*last).is_some())
         };
         let deadline = until + timeout;
         self.sim

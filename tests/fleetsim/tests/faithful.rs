@@ -247,7 +247,7 @@ fn settle(
             .rev()
             .find(|(_, op)| !op.contains(".heartbeat") && op != "PING")
             .map(|(t, _)| *t);
-        (done(tail) && last.map_or(true, |t| t.elapsed() >= QUIET)).then_some(o.len())
+        (done(tail) && last.is_none_or(|t| t.elapsed() >= QUIET)).then_some(o.len())
     })
 }
 

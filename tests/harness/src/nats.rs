@@ -782,7 +782,7 @@ fn wait_for_stream_leaders(
 ) {
     let led = |info: &serde_json::Value| {
         info["cluster"]["leader"].as_str().is_some_and(|l| {
-            !l.is_empty() && among.map_or(true, |names| names.iter().any(|n| n == l))
+            !l.is_empty() && among.is_none_or(|names| names.iter().any(|n| n == l))
         })
     };
     if let Err(subject) = poll_bucket_streams(admin, deadline, led) {
