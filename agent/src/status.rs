@@ -13,6 +13,7 @@
 //!   carries `stopping` with the drain duration.
 //! - `<device>.workloads`: each report the reconciler sends (it sends only
 //!   changes); a failed write is retried until a newer report replaces it.
+//! - `<device>.health`: the same, for the reconciler's health reports.
 //!
 //! Info and heartbeat carry the config state of [`FreezeControl`]; when it
 //! changes (a freeze, an unfreeze, the waiting counts) both are published
@@ -26,7 +27,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{
-    DeviceInfo, Heartbeat, PodmanUnreachable, Stopping, WorkloadsReport,
+    DeviceInfo, HealthReport, Heartbeat, PodmanUnreachable, Stopping, WorkloadsReport,
 };
 use fleet_common::limits::{HEARTBEAT_JITTER, NATS_REQUEST_TIMEOUT};
 use fleet_common::subjects::{status_key, StatusKey, BUCKET_STATUS};
@@ -92,6 +93,7 @@ fn next_heartbeat_in(interval: Duration, jitter: &mut Jitter) -> Duration {
 #[derive(Debug)]
 pub enum StatusMsg {
     Workloads(WorkloadsReport),
+    Health(HealthReport),
     /// `agent-podman-info` re-read the Podman version.
     PodmanVersion(Result<String, String>),
     /// The config state changed: publish info and a heartbeat now.
@@ -221,6 +223,7 @@ impl StatusPublisher {
         let mut jitter = Jitter::new();
         let mut next_beat = Instant::now();
         let mut workloads: Option<WorkloadsReport> = None;
+        let mut health: Option<HealthReport> = None;
         // As the last workloads report said.
         let mut podman_unreachable: Option<PodmanUnreachable> = None;
         let mut info_pending = false;
@@ -239,6 +242,10 @@ impl StatusPublisher {
                     }
                     podman_unreachable = r.podman_unreachable.clone();
                     workloads = Some(r);
+                    retry_at = Some(Instant::now());
+                }
+                Ok(StatusMsg::Health(r)) => {
+                    health = Some(r);
                     retry_at = Some(Instant::now());
                 }
                 Ok(StatusMsg::PodmanVersion(Ok(v))) => {
@@ -306,6 +313,15 @@ impl StatusPublisher {
                         Ok(()) => info_pending = false,
                         Err(e) => {
                             log::warn!(device = device.as_str(); "device info not published: {e}; retrying");
+                            retry_at = Some(now + RETRY_DELAY);
+                        }
+                    }
+                }
+                if let Some(r) = &health {
+                    match self.put(StatusKey::Health, r) {
+                        Ok(()) => health = None,
+                        Err(e) => {
+                            log::warn!(device = device.as_str(); "workload health not published: {e}; retrying");
                             retry_at = Some(now + RETRY_DELAY);
                         }
                     }

@@ -47,29 +47,40 @@
 //! desired changes received meanwhile are reported at once. The first
 //! `ps` that answers ends it.
 //!
+//! Health and revert: every workload's container is judged healthy or not
+//! (`health`, with probes run on `agent-probe`: [`crate::prober`]); a new
+//! spec that does not become healthy in time gets a durable `failed`
+//! record (`judge`), and the reconciler then plans with the workload's
+//! last healthy spec instead (`records`), or none; the health report goes
+//! to `<device>.health`. `docs/design/workload-health.md` has the state
+//! machine and the crash points.
+//!
 //! Modules: `plan` (the pure policy: what to do), `backoff` (when to try
 //! again), `observe` (the bookkeeping of each workload and the workload
-//! report), `mutate` (doing one action and recording what it did).
+//! report), `mutate` (doing one action and recording what it did),
+//! `health` (one workload's health), `judge` (the health step of a pass),
+//! `records` (the durable records and the effective desired state).
 
 mod backoff;
+mod health;
+mod judge;
 mod mutate;
 mod observe;
 mod plan;
+mod records;
 #[cfg(test)]
 mod test_support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fleet_common::contracts::{
-    AppliedSpecs, PodmanUnreachable, WorkloadSpec, WorkloadStatus, WorkloadsReport,
+    HealthReport, HealthState, PodmanUnreachable, WorkloadHealth, WorkloadHealthRecord,
+    WorkloadSpec, WorkloadStatus, WorkloadsReport,
 };
-use fleet_common::durable;
-use fleet_common::limits::MAX_STATE_FILE_BYTES;
 use fleet_common::validate::{DeviceId, WorkloadName};
 use fleet_common::{Layout, Timestamp};
 
@@ -78,14 +89,18 @@ use crate::freeze::FreezeControl;
 use crate::gate::{Admission, MutationGate, MutationKind};
 use crate::lock::AgentLock;
 use crate::podman::{LiveContainer, Podman, PodmanError};
+use crate::prober::{ProbeOutcome, ProbeTarget, Prober, ProberHandle};
 use crate::shutdown::Shutdown;
 use crate::threads;
 
 use backoff::{next_backoff_end, Backoff};
+use health::Health;
+use judge::Judging;
 use mutate::ImageSource;
 use observe::{Settled, Tracked};
 use plan::frozen_view;
 use plan::{plan, plan_frozen, waiting_changes, ActionKey};
+use records::{effective, forget_stale, Held, StateFiles};
 
 /// Every this many resync intervals, live state is re-read in full even
 /// when every container's process is unchanged.
@@ -95,6 +110,9 @@ const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// While waiting for `podman ps`, how often desired changes and a stop are
 /// looked at.
 const PS_POLL: Duration = Duration::from_millis(200);
+/// Least time between two passes woken for health alone (a deadline, a
+/// healthy-after moment): their clocks count whole seconds.
+const HEALTH_LOOK_MIN: Duration = Duration::from_secs(1);
 
 /// How long a `podman ps` may run before the report says Podman does not
 /// answer (the call goes on, bounded by the command timeout): the resync
@@ -109,11 +127,22 @@ pub fn silent_after(resync: Duration) -> Duration {
 #[derive(Debug)]
 pub enum ReconcilerMsg {
     Desired(Box<DesiredChange>),
+    /// From `agent-probe`.
+    Probe(Box<ProbeOutcome>),
     Stop,
 }
 
-/// Where workload reports go (the status publisher).
-pub type ReportSink = Box<dyn FnMut(WorkloadsReport) + Send>;
+/// What the reconciler reports, each sent when it changed.
+#[derive(Debug)]
+pub enum Report {
+    /// `<device>.workloads`
+    Workloads(WorkloadsReport),
+    /// `<device>.health`
+    Health(HealthReport),
+}
+
+/// Where reports go (the status publisher).
+pub type ReportSink = Box<dyn FnMut(Report) + Send>;
 
 /// The reconciler's state; moved onto its thread by [`Reconciler::spawn`].
 pub struct Reconciler {
@@ -122,8 +151,20 @@ pub struct Reconciler {
     gate: Arc<MutationGate>,
     freeze: Arc<FreezeControl>,
     _lock: Arc<AgentLock>,
-    applied_path: PathBuf,
+    files: StateFiles,
     applied: BTreeMap<WorkloadName, WorkloadSpec>,
+    /// Durable with `applied` (see `records`).
+    records: BTreeMap<WorkloadName, WorkloadHealthRecord>,
+    /// Workloads whose desired spec failed, as the last pass saw them.
+    held: BTreeMap<WorkloadName, Held>,
+    health: BTreeMap<WorkloadName, Health>,
+    /// `agent-probe`, from [`Reconciler::spawn`] on.
+    prober: Option<ProberHandle>,
+    probe_targets: Option<Vec<ProbeTarget>>,
+    last_health: Option<BTreeMap<WorkloadName, WorkloadHealth>>,
+    /// A health change calls for a pass (to judge it, or to plan what
+    /// follows: a `start-first` spec's old container goes).
+    health_due: bool,
     desired: Option<DesiredMap>,
     tracked: BTreeMap<WorkloadName, Tracked>,
     removal_backoff: BTreeMap<String, Backoff>,
@@ -201,29 +242,23 @@ impl Reconciler {
         resync: Duration,
         report: ReportSink,
     ) -> Self {
-        let applied_path = layout.applied_specs();
-        let applied = match durable::read_bounded(&applied_path, MAX_STATE_FILE_BYTES) {
-            Ok(bytes) => match serde_json::from_slice::<AppliedSpecs>(&bytes) {
-                Ok(a) => a.workloads,
-                Err(e) => {
-                    log::warn!("ignoring {}: {e}", applied_path.display());
-                    BTreeMap::new()
-                }
-            },
-            Err(e) if e.is_not_found() => BTreeMap::new(),
-            Err(e) => {
-                log::warn!("ignoring the applied specs: {e}");
-                BTreeMap::new()
-            }
-        };
+        let files = StateFiles::new(layout);
+        let loaded = files.load();
         Self {
             device,
             podman,
             gate,
             freeze,
             _lock: lock,
-            applied_path,
-            applied,
+            files,
+            applied: loaded.applied,
+            records: loaded.records,
+            held: BTreeMap::new(),
+            health: BTreeMap::new(),
+            prober: None,
+            probe_targets: None,
+            last_health: None,
+            health_due: false,
             desired: None,
             tracked: BTreeMap::new(),
             removal_backoff: BTreeMap::new(),
@@ -237,20 +272,53 @@ impl Reconciler {
         }
     }
 
-    /// Starts `agent-reconcile`.
-    pub fn spawn(self, shutdown: Arc<Shutdown>) -> std::io::Result<ReconcilerHandle> {
+    /// Starts `agent-probe`, then `agent-reconcile` (which stops the
+    /// prober when it ends).
+    pub fn spawn(mut self, shutdown: Arc<Shutdown>) -> std::io::Result<ReconcilerHandle> {
         let (tx, rx) = mpsc::channel();
-        let thread = threads::spawn("agent-reconcile", move || self.run(&rx, &shutdown))?;
+        let to_reconciler = tx.clone();
+        let prober = Prober::new(
+            self.podman.clone(),
+            Box::new(move |outcome| {
+                to_reconciler
+                    .send(ReconcilerMsg::Probe(Box::new(outcome)))
+                    .is_ok()
+            }),
+        )
+        .spawn()?;
+        self.prober = Some(prober);
+        let thread = threads::spawn("agent-reconcile", move || {
+            self.run(&rx, &shutdown);
+            if let Some(p) = self.prober.take() {
+                p.stop();
+            }
+        })?;
         Ok(ReconcilerHandle { tx, thread })
     }
 
-    fn run(mut self, rx: &Receiver<ReconcilerMsg>, shutdown: &Shutdown) {
+    /// When a pass is due for health alone, at most every
+    /// [`HEALTH_LOOK_MIN`] after `floor`; none during a freeze (trials
+    /// wait for the unfreeze).
+    fn next_health_wake(&self, now: Instant, floor: Instant) -> Option<Instant> {
+        if self.gate.admission() == Admission::Frozen {
+            return None;
+        }
+        let look = self.next_health_look()?;
+        let secs = u64::try_from(look.saturating_sub(unix_now())).unwrap_or(0);
+        Some((now + Duration::from_secs(secs)).max(floor))
+    }
+
+    fn run(&mut self, rx: &Receiver<ReconcilerMsg>, shutdown: &Shutdown) {
         let mut next_resync = Instant::now();
+        let mut look_floor = Instant::now();
         loop {
             let now = Instant::now();
-            let wake = self
-                .next_backoff_end(now)
-                .map_or(next_resync, |b| b.min(next_resync));
+            let health_at = self.next_health_wake(now, look_floor);
+            let wake = [Some(next_resync), self.next_backoff_end(now), health_at]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(next_resync);
             let mut due = now >= wake;
             if !due {
                 match rx.recv_timeout(wake - now) {
@@ -258,9 +326,18 @@ impl Reconciler {
                         self.apply(*change);
                         due = true;
                     }
+                    Ok(ReconcilerMsg::Probe(outcome)) => {
+                        if self.probed(*outcome) {
+                            self.health_due = true;
+                            due = true;
+                        }
+                    }
                     Ok(ReconcilerMsg::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                     Err(RecvTimeoutError::Timeout) => due = true,
                 }
+            }
+            if health_at.is_some_and(|t| Instant::now() >= t) {
+                self.health_due = true;
             }
             if !self.drain(rx) || shutdown.is_requested() {
                 return;
@@ -268,11 +345,14 @@ impl Reconciler {
             if due && self.desired.is_some() {
                 let full_every = self.resync * FULL_RESYNC_EVERY;
                 let idle = !self.changed
+                    && !self.health_due
                     && self
                         .settled
                         .as_ref()
                         .is_some_and(|s| s.holds(Instant::now(), full_every));
                 if !idle {
+                    self.health_due = false;
+                    look_floor = Instant::now() + HEALTH_LOOK_MIN;
                     self.pass(rx, shutdown);
                 }
                 next_resync = Instant::now() + self.resync;
@@ -287,6 +367,11 @@ impl Reconciler {
         loop {
             match rx.try_recv() {
                 Ok(ReconcilerMsg::Desired(change)) => self.apply(*change),
+                Ok(ReconcilerMsg::Probe(outcome)) => {
+                    if self.probed(*outcome) {
+                        self.health_due = true;
+                    }
+                }
                 Ok(ReconcilerMsg::Stop) => return false,
                 Err(mpsc::TryRecvError::Empty) => return true,
                 Err(mpsc::TryRecvError::Disconnected) => return false,
@@ -377,14 +462,41 @@ impl Reconciler {
             let Some(desired) = self.desired.take() else {
                 return;
             };
+            if !frozen && forget_stale(&desired, &mut self.records) {
+                self.persist();
+            }
+            let (plan_view, held) = effective(&desired, &self.records);
+            // What is reported: the plan's view, and the workloads left
+            // stopped as the desired state has them.
+            let mut report_view = plan_view.clone();
+            for (w, h) in &held {
+                if let (Held::Stopped { .. }, Some(e)) = (h, desired.get(w)) {
+                    report_view.insert(w.clone(), e.clone());
+                }
+            }
+            self.held = held;
             if frozen {
                 self.freeze
-                    .set_waiting_changes(waiting_changes(&desired, &self.applied));
-                self.observe(&frozen_view(&desired, &self.applied), &live, now);
+                    .set_waiting_changes(waiting_changes(&plan_view, &self.applied));
+                let view = frozen_view(&desired, &self.applied);
+                self.observe(&view, &live, now);
+                self.judge(&view, &live, Judging::Frozen);
             } else {
-                self.adopt(&desired, &live);
-                self.observe(&desired, &live, now);
+                self.adopt(&plan_view, &live);
+                self.observe(&report_view, &live, now);
+                if self.judge(&report_view, &live, Judging::On) {
+                    // A spec failed: plan its revert from the same list.
+                    self.desired = Some(desired);
+                    kept = Some(live);
+                    continue;
+                }
             }
+            let health = &self.health;
+            let healthy = |w: &WorkloadName, hash: &str| {
+                health.get(w).is_some_and(|h| {
+                    h.spec_hash.as_str() == hash && h.state == HealthState::Healthy
+                })
+            };
             let tracked = &self.tracked;
             let removal = &self.removal_backoff;
             let backing_off = std::cell::Cell::new(false);
@@ -404,7 +516,7 @@ impl Reconciler {
                 )
             } else {
                 (
-                    plan(&desired, &live, &self.applied, blocked),
+                    plan(&plan_view, &live, &self.applied, blocked, healthy),
                     MutationKind::Change,
                     ImageSource::AsSpecified,
                 )

@@ -5,17 +5,35 @@
 
 use std::time::{Duration, Instant};
 
-use fleet_common::contracts::{AppliedSpecs, PullPolicy, WorkloadSpec};
-use fleet_common::durable;
+use fleet_common::contracts::{PullPolicy, WorkloadSpec};
 use fleet_common::validate::WorkloadName;
-use fleet_common::Timestamp;
 
 use super::backoff::CRASH_LOOP_WINDOW;
+use super::health::Health;
 use super::plan::{workload_of, Action};
-use super::Reconciler;
+use super::records::Held;
+use super::{unix_now, Reconciler};
 use crate::desired::{DesiredEntry, DesiredMap};
 use crate::gate::Permit;
-use crate::podman::{LiveContainer, LiveState, PodmanError};
+use crate::podman::{container_name, LiveContainer, LiveState, PodmanError};
+
+/// A mutation that failed. `ran`: a `podman run` of the spec was tried
+/// with its image local (so the spec itself may be at fault, and its
+/// trial clock runs), not only a pull or a removal.
+#[derive(Debug)]
+pub(super) struct Failure {
+    pub(super) error: PodmanError,
+    pub(super) ran: bool,
+}
+
+impl Failure {
+    fn before_run(error: PodmanError) -> Self {
+        Self { error, ran: false }
+    }
+    fn of_run(error: PodmanError) -> Self {
+        Self { error, ran: true }
+    }
+}
 
 /// Where images may come from for a mutation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +68,7 @@ impl Reconciler {
             }
         }
         if changed {
-            self.persist_applied();
+            self.persist();
         }
     }
 
@@ -97,67 +115,83 @@ impl Reconciler {
         permit: &Permit<'_>,
         workload: &WorkloadName,
         spec: &WorkloadSpec,
+        name: &str,
         images: ImageSource,
-    ) -> Result<(), PodmanError> {
+    ) -> Result<String, Failure> {
         let p = &self.podman;
         let may_pull_now = images == ImageSource::AsSpecified && spec.pull == PullPolicy::Always;
         if !may_pull_now {
-            match p.run(&self.device, workload, spec) {
-                Ok(_) => return Ok(()),
+            match p.run(&self.device, workload, spec, name) {
+                Ok(id) => return Ok(id),
                 Err(e) => match p.image_exists(&spec.image) {
-                    Ok(true) => return Err(e),
+                    Ok(true) => return Err(Failure::of_run(e)),
                     // Not local: pulled, or refused, as the policy says.
                     Ok(false) => {}
                     // The run's error is the cause; the probe's only says
                     // Podman is unwell.
                     Err(probe) => {
                         log::warn!(device = self.device.as_str(), workload = workload.as_str(); "after a failed run, looking for the image: {probe}");
-                        return Err(e);
+                        return Err(Failure::before_run(e));
                     }
                 },
             }
         }
-        self.ensure_image(permit, spec, images)?;
-        p.run(&self.device, workload, spec).map(drop)
+        self.ensure_image(permit, spec, images)
+            .map_err(Failure::before_run)?;
+        p.run(&self.device, workload, spec, name)
+            .map_err(Failure::of_run)
     }
 
+    /// Does `action`; the id of the container it created, if any.
     pub(super) fn execute(
         &self,
         action: &Action,
         permit: &Permit<'_>,
         images: ImageSource,
-    ) -> Result<(), PodmanError> {
+    ) -> Result<Option<String>, Failure> {
         let p = &self.podman;
         match action {
-            Action::Remove { container } => p.remove(container),
-            Action::Create { workload, spec, .. } => {
-                self.ensure_image_and_run(permit, workload, spec, images)
-            }
+            Action::Remove { container } => p
+                .remove(container)
+                .map(|()| None)
+                .map_err(Failure::before_run),
+            Action::Create {
+                workload,
+                spec,
+                name,
+                ..
+            } => self
+                .ensure_image_and_run(permit, workload, spec, name, images)
+                .map(Some),
             Action::Replace {
                 workload,
                 spec,
                 old,
             } => {
                 // Pull before removing, so a failing pull keeps the old one.
-                self.ensure_image(permit, spec, images)?;
+                self.ensure_image(permit, spec, images)
+                    .map_err(Failure::before_run)?;
                 for c in old {
-                    p.remove(c)?;
+                    p.remove(c).map_err(Failure::before_run)?;
                 }
-                p.run(&self.device, workload, spec).map(drop)
+                p.run(&self.device, workload, spec, &container_name(workload))
+                    .map(Some)
+                    .map_err(Failure::of_run)
             }
             Action::Restore {
                 workload,
                 container,
                 spec,
             } => match p.start(container) {
-                Ok(()) => Ok(()),
+                Ok(()) => Ok(None),
                 Err(e) => match spec {
                     Some(spec) => {
                         log::warn!(device = self.device.as_str(), workload = workload.as_str(); "{e}; recreating the container");
-                        p.remove(container)?;
-                        self.ensure_image_and_run(permit, workload, spec, images)
+                        p.remove(container).map_err(Failure::before_run)?;
+                        self.ensure_image_and_run(permit, workload, spec, &container.name, images)
+                            .map(Some)
                     }
-                    None => Err(e),
+                    None => Err(Failure::before_run(e)),
                 },
             },
         }
@@ -166,24 +200,27 @@ impl Reconciler {
     pub(super) fn record(
         &mut self,
         action: &Action,
-        result: Result<(), PodmanError>,
+        result: Result<Option<String>, Failure>,
         took: Duration,
     ) {
         let now = Instant::now();
         let device = self.device.clone();
         let what = action.describe();
         match (action, result) {
-            (Action::Remove { container }, Ok(())) => {
+            (Action::Remove { container }, Ok(_)) => {
                 self.removal_backoff.remove(&container.id);
                 if let Some(w) = &container.workload {
-                    let still_desired = self.desired.as_ref().is_some_and(|d| d.contains_key(w));
+                    // A workload left stopped (its only spec failed) runs
+                    // nothing once its container is gone.
+                    let still_desired = self.desired.as_ref().is_some_and(|d| d.contains_key(w))
+                        && !matches!(self.held.get(w), Some(Held::Stopped { .. }));
                     if !still_desired && self.applied.remove(w).is_some() {
-                        self.persist_applied();
+                        self.persist();
                     }
                 }
                 log::info!(device = device.as_str(); "{what}: done in {} ms", took.as_millis());
             }
-            (Action::Remove { container }, Err(e)) => {
+            (Action::Remove { container }, Err(Failure { error: e, .. })) => {
                 let b = self
                     .removal_backoff
                     .entry(container.id.clone())
@@ -191,10 +228,18 @@ impl Reconciler {
                 let d = b.fail(now);
                 log::error!(device = device.as_str(), attempt = b.failures; "{what}: {e}; retrying in {} s", d.as_secs());
             }
-            (action, Ok(())) => {
+            (action, Ok(created)) => {
                 let Some(w) = workload_of(action) else {
                     return;
                 };
+                if let Action::Create { spec, .. }
+                | Action::Replace { spec, .. }
+                | Action::Restore {
+                    spec: Some(spec), ..
+                } = action
+                {
+                    self.attempted(w, spec, created.as_deref());
+                }
                 let restore = action.is_restore();
                 if let Some(t) = self.tracked.get_mut(w) {
                     t.last_error = None;
@@ -214,14 +259,19 @@ impl Reconciler {
                 }
                 if let Action::Create { spec, .. } | Action::Replace { spec, .. } = action {
                     self.applied.insert(w.clone(), spec.clone());
-                    self.persist_applied();
+                    self.persist();
                 }
                 log::info!(device = device.as_str(), workload = w.as_str(); "{what}: done in {} ms", took.as_millis());
             }
-            (action, Err(e)) => {
+            (action, Err(Failure { error: e, ran })) => {
                 let Some(w) = workload_of(action) else {
                     return;
                 };
+                if let (true, Action::Create { spec, .. } | Action::Replace { spec, .. }) =
+                    (ran, action)
+                {
+                    self.attempted(w, spec, None);
+                }
                 if let Some(t) = self.tracked.get_mut(w) {
                     let d = t.backoff.fail(now);
                     t.last_error = Some(e.to_string());
@@ -231,19 +281,29 @@ impl Reconciler {
         }
     }
 
-    pub(super) fn persist_applied(&self) {
-        let record = AppliedSpecs {
-            format: AppliedSpecs::FORMAT,
-            workloads: self.applied.clone(),
-            written_at: Timestamp::now(),
-        };
-        let written = serde_json::to_vec_pretty(&record)
-            .map_err(|e| e.to_string())
-            .and_then(|b| {
-                durable::write_atomic(&self.applied_path, &b, 0o640).map_err(|e| e.to_string())
-            });
-        if let Err(e) = written {
-            log::error!(device = self.device.as_str(); "recording the applied specs in {}: {e}", self.applied_path.display());
+    /// Writes the applied specs and the health records
+    /// (`workload-health.json`, then `applied.json`: see `records`).
+    pub(super) fn persist(&self) {
+        if let Err(e) = self.files.write(&self.applied, &self.records) {
+            log::error!(device = self.device.as_str(); "recording the applied specs and workload health: {e}");
         }
+    }
+
+    /// The reconciler ran (or tried to run, with the image local) `spec`
+    /// for `w`: its health is now about that spec, and a trial's clock
+    /// runs. A container just created is probed at once, before `ps`
+    /// shows it.
+    fn attempted(&mut self, w: &WorkloadName, spec: &WorkloadSpec, created: Option<&str>) {
+        let hash = spec.spec_hash();
+        let check = spec.health.clone().unwrap_or_default();
+        let h = self
+            .health
+            .entry(w.clone())
+            .or_insert_with(|| Health::new(hash.clone(), check.clone()));
+        if h.spec_hash != hash {
+            h.switch(hash, check);
+        }
+        h.attempted(created, unix_now(), Instant::now());
+        self.send_probe_targets();
     }
 }

@@ -14,8 +14,10 @@ use fleet_common::validate::{BoundedText, Sha256Hex, WorkloadName};
 use fleet_common::Timestamp;
 
 use super::backoff::{up_long_enough, Backoff};
+use super::judge::short;
 use super::plan::frozen_view;
-use super::{unix_now, waiting_changes, Reconciler};
+use super::records::Held;
+use super::{unix_now, waiting_changes, Reconciler, Report};
 use crate::desired::{DesiredEntry, DesiredMap};
 use crate::gate::Admission;
 use crate::podman::{LiveContainer, LiveState, ProcessIdentity};
@@ -173,11 +175,11 @@ impl Reconciler {
         let now = (workloads, podman_unreachable);
         if self.last_reported.as_ref() != Some(&now) {
             self.last_reported = Some(now.clone());
-            (self.report)(WorkloadsReport {
+            (self.report)(Report::Workloads(WorkloadsReport {
                 workloads: now.0,
                 observed_at: Timestamp::now(),
                 podman_unreachable: now.1,
-            });
+            }));
         }
     }
 
@@ -271,7 +273,54 @@ impl Reconciler {
                 },
             );
         }
+        self.describe_held(&mut report);
         self.send_report(report);
+    }
+
+    /// Says, in the 0.2 vocabulary of the workload report, what a failed
+    /// spec left: the restored spec `running`, its `last-error` saying it
+    /// was reverted and why; a workload never healthy `back-off`, left
+    /// stopped, saying why. (During a freeze the failed spec may still
+    /// run: the report says what runs, and the note what follows.)
+    fn describe_held(&self, report: &mut BTreeMap<WorkloadName, WorkloadStatus>) {
+        for (w, held) in &self.held {
+            let Some(r) = report.get_mut(w) else {
+                continue;
+            };
+            let f = held.failed();
+            let why = format!(
+                "{}: {}",
+                f.reason.as_str(),
+                f.detail.as_ref().map(BoundedText::as_str).unwrap_or("")
+            );
+            let note = match held {
+                Held::Restored { spec, .. } if r.spec_hash == spec.spec_hash() => format!(
+                    "reverted: desired spec {} did not become healthy ({why}); running the last healthy spec {}; the failed spec is not tried again until the desired spec changes",
+                    short(&f.spec_hash),
+                    short(&r.spec_hash)
+                ),
+                Held::Restored { spec, .. } => format!(
+                    "desired spec {} did not become healthy ({why}); the last healthy spec {} is put back after the change freeze",
+                    short(&f.spec_hash),
+                    short(&spec.spec_hash())
+                ),
+                Held::Stopped { .. } if r.state == WorkloadState::Running => format!(
+                    "desired spec {} did not become healthy ({why}); it has no healthy spec to go back to and is stopped after the change freeze",
+                    short(&f.spec_hash)
+                ),
+                Held::Stopped { .. } => {
+                    if r.state != WorkloadState::BackOff {
+                        r.state = WorkloadState::BackOff;
+                    }
+                    r.container_id = None;
+                    format!(
+                        "left stopped: desired spec {} did not become healthy ({why}) and the workload has no healthy spec to go back to; it is not tried again until the desired spec changes",
+                        short(&f.spec_hash)
+                    )
+                }
+            };
+            r.last_error = Some(BoundedText::truncate(note));
+        }
     }
 }
 

@@ -1,14 +1,20 @@
 //! The reconciler's policy, pure: which mutations bring live state to the
 //! desired state ([`plan`]), which restore the last applied specs during
 //! a change freeze ([`plan_frozen`]), and what an unfreeze would apply.
+//!
+//! A `start-first` spec (no host ports) is created beside the running
+//! container of another spec (under another name,
+//! [`container_name_beside`]); the old one is removed only once the new
+//! one is healthy. A revert of such a spec is then the removal of the new
+//! container alone: the restored spec's container never stopped.
 
 use std::collections::BTreeMap;
 
-use fleet_common::contracts::WorkloadSpec;
+use fleet_common::contracts::{UpdateStrategy, WorkloadSpec};
 use fleet_common::validate::WorkloadName;
 
 use crate::desired::{DesiredEntry, DesiredMap};
-use crate::podman::{LiveContainer, LiveState};
+use crate::podman::{container_name, container_name_beside, LiveContainer, LiveState};
 
 /// What identifies a mutation for back-off.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -22,12 +28,15 @@ pub enum ActionKey {
 pub enum Action {
     /// A managed container whose workload is not desired, or a duplicate.
     Remove { container: LiveContainer },
-    /// No container for the workload. `missing`: one with this spec was
-    /// applied before, so this is a restore.
+    /// No container of the workload's spec. `missing`: one with this spec
+    /// was applied before, so this is a restore. `name`: the container's
+    /// (another than the workload's usual one when a container of another
+    /// spec keeps it: `start-first`).
     Create {
         workload: WorkloadName,
         spec: WorkloadSpec,
         missing: bool,
+        name: String,
     },
     /// Containers of the workload with another spec hash.
     Replace {
@@ -80,13 +89,27 @@ impl Action {
     }
 }
 
+/// The name a new container of `w` gets: the usual one, unless a live
+/// container has it.
+fn free_name(w: &WorkloadName, hash: &str, live: &[LiveContainer]) -> String {
+    let usual = container_name(w);
+    if live.iter().any(|c| c.name == usual) {
+        container_name_beside(w, hash)
+    } else {
+        usual
+    }
+}
+
 /// The mutations that bring `live` to `desired`, removals first, without
-/// those `blocked` (backing off). Pure: the reconciler's whole policy.
+/// those `blocked` (backing off). `healthy(w, hash)`: whether the
+/// container of that spec has been found healthy (a `start-first` spec's
+/// old container goes only then). Pure: the reconciler's whole policy.
 pub fn plan(
     desired: &DesiredMap,
     live: &[LiveContainer],
     applied: &BTreeMap<WorkloadName, WorkloadSpec>,
     blocked: impl Fn(&ActionKey) -> bool,
+    healthy: impl Fn(&WorkloadName, &str) -> bool,
 ) -> Vec<Action> {
     let mut removes = Vec::new();
     let mut replaces = Vec::new();
@@ -111,8 +134,14 @@ pub fn plan(
                 let (matching, others): (Vec<&LiveContainer>, Vec<&LiveContainer>) = cs
                     .into_iter()
                     .partition(|c| c.spec_hash.as_deref() == Some(hash.as_str()));
+                let start_first = spec.update_strategy == UpdateStrategy::StartFirst;
                 if let Some((keep, extra)) = matching.split_first() {
-                    for c in extra.iter().chain(others.iter()) {
+                    // start-first: the old one serves until the new one is healthy.
+                    let keep_old = start_first && !healthy(w, hash.as_str());
+                    let old = others
+                        .iter()
+                        .filter(|c| !(keep_old && c.state == LiveState::Running));
+                    for c in extra.iter().chain(old) {
                         removes.push(Action::Remove {
                             container: (*c).clone(),
                         });
@@ -124,6 +153,13 @@ pub fn plan(
                             spec: Some(spec.clone()),
                         });
                     }
+                } else if start_first && others.iter().any(|c| c.state == LiveState::Running) {
+                    creates.push(Action::Create {
+                        workload: w.clone(),
+                        spec: spec.clone(),
+                        missing: false,
+                        name: free_name(w, hash.as_str(), live),
+                    });
                 } else if !others.is_empty() {
                     replaces.push(Action::Replace {
                         workload: w.clone(),
@@ -135,6 +171,7 @@ pub fn plan(
                         workload: w.clone(),
                         spec: spec.clone(),
                         missing: applied.get(w).is_some_and(|a| a.spec_hash() == hash),
+                        name: free_name(w, hash.as_str(), live),
                     });
                 }
             }
@@ -193,6 +230,7 @@ pub fn plan_frozen(
                 workload: w.clone(),
                 spec: spec.clone(),
                 missing: true,
+                name: container_name(w),
             }),
             None => {}
         }
@@ -299,7 +337,7 @@ mod tests {
             ),
         ];
         let applied = BTreeMap::from([(w("api"), api.clone())]);
-        let actions = plan(&desired, &live, &applied, |_| false);
+        let actions = plan(&desired, &live, &applied, |_| false, |_, _| false);
         assert_eq!(
             kinds(&actions),
             vec![
@@ -322,10 +360,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Backing-off workloads and containers are left out.
-        let blocked = plan(&desired, &live, &BTreeMap::new(), |k| {
-            matches!(k, ActionKey::Workload(x) if x.as_str() == "db")
-                || matches!(k, ActionKey::Container(id) if id == "4")
-        });
+        let blocked = plan(
+            &desired,
+            &live,
+            &BTreeMap::new(),
+            |k| {
+                matches!(k, ActionKey::Workload(x) if x.as_str() == "db")
+                    || matches!(k, ActionKey::Container(id) if id == "4")
+            },
+            |_, _| false,
+        );
         assert_eq!(
             kinds(&blocked),
             vec![
@@ -342,10 +386,16 @@ mod tests {
             container("3", "cam", cam.spec_hash().as_str(), LiveState::Paused),
             container("7", "api", api.spec_hash().as_str(), LiveState::Running),
         ];
-        assert!(plan(&desired, &converged, &applied, |_| false).is_empty());
+        assert!(plan(&desired, &converged, &applied, |_| false, |_, _| false).is_empty());
         // An empty desired state removes every managed container.
         assert_eq!(
-            kinds(&plan(&BTreeMap::new(), &converged, &applied, |_| false)),
+            kinds(&plan(
+                &BTreeMap::new(),
+                &converged,
+                &applied,
+                |_| false,
+                |_, _| false
+            )),
             vec![
                 "remove fleet-web",
                 "remove fleet-db",
@@ -435,5 +485,57 @@ mod tests {
             vec!["api", "bad", "db", "web"]
         );
         assert_eq!(view.get(&w("web")), Some(&DesiredEntry::Valid(web1)));
+    }
+
+    #[test]
+    fn a_start_first_spec_runs_beside_the_old_one_until_healthy() {
+        let old = spec("localhost/web:1");
+        let mut new = spec("localhost/web:2");
+        new.update_strategy = UpdateStrategy::StartFirst;
+        let h_new = new.spec_hash();
+        let desired: DesiredMap = BTreeMap::from([(w("web"), DesiredEntry::Valid(new.clone()))]);
+        let live = vec![container(
+            "1",
+            "web",
+            old.spec_hash().as_str(),
+            LiveState::Running,
+        )];
+        let actions = plan(&desired, &live, &BTreeMap::new(), |_| false, |_, _| false);
+        assert_eq!(kinds(&actions), vec!["create web"], "beside, not a replace");
+        match &actions[0] {
+            Action::Create { name, .. } => {
+                assert_eq!(*name, format!("fleet-web-{}", &h_new.as_str()[..12]))
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut beside = container("2", "web", h_new.as_str(), LiveState::Running);
+        beside.name = format!("fleet-web-{}", &h_new.as_str()[..12]);
+        let both = vec![live[0].clone(), beside];
+        assert!(
+            plan(&desired, &both, &BTreeMap::new(), |_| false, |_, _| false).is_empty(),
+            "the old one serves until the new one is healthy"
+        );
+        let healthy = |x: &WorkloadName, h: &str| x.as_str() == "web" && h == h_new.as_str();
+        assert_eq!(
+            kinds(&plan(&desired, &both, &BTreeMap::new(), |_| false, healthy)),
+            vec!["remove fleet-web"]
+        );
+        // Without a running old one, a start-first spec replaces as usual.
+        let exited = vec![container(
+            "1",
+            "web",
+            old.spec_hash().as_str(),
+            LiveState::Down("exited".into()),
+        )];
+        assert_eq!(
+            kinds(&plan(
+                &desired,
+                &exited,
+                &BTreeMap::new(),
+                |_| false,
+                |_, _| false
+            )),
+            vec!["replace web"]
+        );
     }
 }
