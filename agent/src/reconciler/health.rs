@@ -91,6 +91,9 @@ pub(super) struct Health {
     /// The spec's first start seen, or its first attempt to start (unix s).
     trial_clock: Option<i64>,
     ever_up: bool,
+    /// A container of the spec was seen before (so another one is a
+    /// replacement, even after a look that found none).
+    had_container: bool,
     restarts_of_spec: u32,
     /// The workload's restarts, any spec, within [`RESTART_WINDOW`].
     restarts: VecDeque<Instant>,
@@ -110,6 +113,7 @@ impl Health {
             ever_healthy: false,
             trial_clock: None,
             ever_up: false,
+            had_container: false,
             restarts_of_spec: 0,
             restarts: VecDeque::new(),
         }
@@ -173,10 +177,11 @@ impl Health {
         self.trial_clock.get_or_insert(unix);
         if let Some(id) = id {
             if self.container_id() != Some(id) {
-                if self.container.is_some() {
+                if self.had_container {
                     self.replaced(now);
                 }
                 self.container = Some((id.to_owned(), None));
+                self.had_container = true;
                 self.up_since = Some(now);
             }
         }
@@ -193,10 +198,11 @@ impl Health {
                     // Created by us; ps tells its start now.
                     (true, None) => {}
                     (true, Some(_)) => self.restarted(now),
-                    (false, _) if self.container.is_some() => self.replaced(now),
+                    (false, _) if self.had_container => self.replaced(now),
                     (false, _) => self.up_since = Some(now),
                 }
                 self.container = Some((id.to_owned(), Some(started_at)));
+                self.had_container = true;
                 self.ever_up = true;
                 self.trial_clock.get_or_insert(started_at);
                 if self.check.probe.is_none() {
@@ -214,23 +220,21 @@ impl Health {
             }
             Seen::Down { id } => {
                 if self.container_id() != Some(id) {
-                    if self.container.is_some() {
+                    if self.had_container {
                         self.replaced(now);
                     }
                     self.container = Some((id.to_owned(), None));
                 }
+                self.had_container = true;
                 self.trial_clock.get_or_insert(unix);
                 self.failures = 0;
                 self.set(HealthState::Unhealthy);
             }
             Seen::None => {
-                if self.container.is_some() {
-                    // Gone (removed by hand, or replaced): it is recreated.
-                    self.container = None;
-                }
-                if self.state != HealthState::Unhealthy || self.ever_up {
-                    self.set(HealthState::Starting);
-                }
+                // Not created yet, or gone (removed by hand): it is
+                // being (re)created.
+                self.container = None;
+                self.set(HealthState::Starting);
             }
         }
         self.restarts_last_hour(now);
@@ -557,5 +561,36 @@ mod tests {
         assert_eq!(h.state, HealthState::Starting);
         assert_eq!(h.restarts_last_hour(now), 1);
         assert_eq!(h.container_id(), None);
+    }
+
+    #[test]
+    fn a_container_removed_by_hand_and_recreated_is_counted_but_not_against_a_trial() {
+        let now = Instant::now();
+        let mut h = Health::new(hash(), HealthCheck::default());
+        h.observe(
+            Seen::Up {
+                id: "a",
+                started_at: 1000,
+            },
+            1000,
+            now,
+        );
+        for (i, id) in ["b", "c", "d"].into_iter().enumerate() {
+            h.observe(Seen::None, 1001, now);
+            assert_eq!(h.state, HealthState::Starting);
+            h.observe(
+                Seen::Up {
+                    id,
+                    started_at: 1002,
+                },
+                1002,
+                now,
+            );
+            assert_eq!(
+                h.restarts_last_hour(now),
+                u32::try_from(i + 1).expect("small")
+            );
+        }
+        assert_eq!(h.trial_verdict(1003), None, "no crash restarts");
     }
 }

@@ -26,6 +26,9 @@ use crate::desired::{DesiredEntry, DesiredMap};
 use crate::podman::{LiveContainer, LiveState};
 use crate::prober::{ProbeOutcome, ProbeTarget};
 
+/// A workload's health as compared for "changed".
+type HealthKey = (WorkloadName, WorkloadHealth);
+
 /// Whether trials may be judged now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Judging {
@@ -283,7 +286,23 @@ impl Reconciler {
                 );
             }
         }
-        if self.last_health.as_ref() == Some(&workloads) {
+        // Written on change, and a probe that says what the last one said
+        // is no change: its time and duration alone do not make a write
+        // (a probe every 10 s would otherwise be a write every 10 s).
+        let key = |m: &BTreeMap<WorkloadName, WorkloadHealth>| -> Vec<HealthKey> {
+            m.iter()
+                .map(|(w, h)| {
+                    let mut h = h.clone();
+                    if let Some(p) = &mut h.last_probe {
+                        p.at = Timestamp::from_unix_millis(0);
+                        p.took_ms = 0;
+                        p.detail = None;
+                    }
+                    (w.clone(), h)
+                })
+                .collect()
+        };
+        if self.last_health.as_ref().map(key) == Some(key(&workloads)) {
             return;
         }
         self.last_health = Some(workloads.clone());
