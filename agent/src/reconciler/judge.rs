@@ -174,10 +174,31 @@ impl Reconciler {
             return false;
         }
         let before = h.state;
+        let said = format!(
+            "{} in {} ms: {}",
+            if outcome.result.ok {
+                "passed"
+            } else {
+                "failed"
+            },
+            outcome.result.took_ms,
+            outcome
+                .result
+                .detail
+                .as_ref()
+                .map(BoundedText::as_str)
+                .unwrap_or("")
+        );
         if !h.probed(&outcome.container_id, outcome.result, Instant::now()) {
+            log::debug!(device = self.device.as_str(), workload = outcome.workload.as_str(); "a probe of a container no longer judged {said}");
             return false;
         }
         let changed = h.state != before;
+        if changed {
+            log::info!(device = self.device.as_str(), workload = outcome.workload.as_str(); "spec {} is {} (its probe {said})", short(&outcome.spec_hash), h.state);
+        } else {
+            log::debug!(device = self.device.as_str(), workload = outcome.workload.as_str(); "probe {said}");
+        }
         self.send_health_report();
         changed
     }

@@ -325,8 +325,9 @@ pub struct Revert {
 #[serde(rename_all = "kebab-case")]
 pub struct WorkloadHealth {
     pub health: HealthState,
-    /// The spec the health refers to: the one whose container runs (after
-    /// a revert, the restored one).
+    /// The spec the health refers to: the one the agent aims to run (the
+    /// desired one; after a revert, the restored one; for a workload left
+    /// stopped, the failed one).
     pub spec_hash: Sha256Hex,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_probe: Option<ProbeResult>,
