@@ -189,7 +189,6 @@ fn a_spec_whose_container_exits_at_once_is_reverted_to_the_last_healthy_one_and_
     wait_healthy(&admin, "web", &h1);
 
     put_workload(&admin, "dev1", "web", &v2);
-    let began = Instant::now();
     let h = wait_health(&admin, "web", "web reverted", |h| h.reverted.is_some());
     let r = h.reverted.clone().expect("reverted");
     assert_eq!(r.failed_spec_hash.as_str(), h2, "{h:?}");
@@ -206,11 +205,12 @@ fn a_spec_whose_container_exits_at_once_is_reverted_to_the_last_healthy_one_and_
         h1,
         "the health is the restored spec's"
     );
-    // Within its deadline (2 × healthy-after) and a few looks.
+    // Judged by its restarts, or at its deadline (2 × healthy-after).
+    let why = r.detail.clone().expect("why").as_str().to_owned();
     assert!(
-        began.elapsed() < Duration::from_secs(20),
-        "{:?}",
-        began.elapsed()
+        why == "its container restarted 3 times before it was ever healthy"
+            || why.starts_with("not healthy within 2 s: "),
+        "{why}"
     );
     wait_running(&podman, "fleet-web", "the last healthy spec runs", |c| {
         c.spec_hash.as_deref() == Some(h1.as_str())
@@ -399,7 +399,7 @@ fn a_probe_flooding_output_stays_bounded_and_escaped() {
         SLEEPER,
         json!({"health": {"probe": {"kind": "exec",
                                     "command": ["sh", "-c", "cat /bin/busybox /bin/busybox; exit 3"]},
-                          "interval-secs": 2, "timeout-secs": 2, "retries": 10}}),
+                          "interval-secs": 10, "timeout-secs": 10, "retries": 10}}),
     );
     put_workload(&admin, "dev1", "flood", &flood);
     let agent = run_agent(&dev, &podman);
