@@ -117,14 +117,12 @@ impl Reconciler {
             let Some(spec) = spec else {
                 continue;
             };
-            let record = self.records.entry(w.clone()).or_default();
-            let last_healthy = record.last_healthy.as_ref().map(WorkloadSpec::spec_hash);
-            if h.state == HealthState::Healthy && last_healthy.as_ref() != Some(&hash) {
-                log::info!(device = self.device.as_str(), workload = w.as_str(); "spec {} is healthy: the one to go back to from now on", short(&hash));
-                record.last_healthy = Some(spec.clone());
-                records_changed = true;
+            if h.state == HealthState::Healthy {
+                records_changed |= self.note_healthy(w, &spec);
                 continue;
             }
+            let record = self.records.entry(w.clone()).or_default();
+            let last_healthy = record.last_healthy.as_ref().map(WorkloadSpec::spec_hash);
             let on_trial = matches!(entry, DesiredEntry::Valid(_))
                 && last_healthy.as_ref() != Some(&hash)
                 && record.failed.is_none()
@@ -164,8 +162,24 @@ impl Reconciler {
         reverted
     }
 
+    /// Makes `spec`, found healthy, the one `w` goes back to (in memory:
+    /// the caller persists when this says it changed anything).
+    fn note_healthy(&mut self, w: &WorkloadName, spec: &WorkloadSpec) -> bool {
+        let hash = spec.spec_hash();
+        let record = self.records.entry(w.clone()).or_default();
+        if record.last_healthy.as_ref().map(WorkloadSpec::spec_hash) == Some(hash.clone()) {
+            return false;
+        }
+        log::info!(device = self.device.as_str(), workload = w.as_str(); "spec {} is healthy: the one to go back to from now on", short(&hash));
+        record.last_healthy = Some(spec.clone());
+        true
+    }
+
     /// A probe answered: true when the workload's health changed (a pass
-    /// then judges it and plans what follows).
+    /// then judges it and plans what follows). A spec found healthy is
+    /// recorded as the one to go back to at once, not at the next pass: a
+    /// new desired spec may arrive before it, and the next pass judges
+    /// that one.
     pub(super) fn probed(&mut self, outcome: ProbeOutcome) -> bool {
         let Some(h) = self.health.get_mut(&outcome.workload) else {
             return false;
@@ -194,10 +208,21 @@ impl Reconciler {
             return false;
         }
         let changed = h.state != before;
+        let healthy = h.state == HealthState::Healthy;
         if changed {
             log::info!(device = self.device.as_str(), workload = outcome.workload.as_str(); "spec {} is {} (its probe {said})", short(&outcome.spec_hash), h.state);
         } else {
             log::debug!(device = self.device.as_str(), workload = outcome.workload.as_str(); "probe {said}");
+        }
+        if changed && healthy {
+            let desired = self.desired.clone().unwrap_or_default();
+            if let Some(spec) =
+                self.known_spec(&outcome.workload, outcome.spec_hash.as_str(), &desired)
+            {
+                if self.note_healthy(&outcome.workload, &spec) {
+                    self.persist();
+                }
+            }
         }
         self.send_health_report();
         changed
