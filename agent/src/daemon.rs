@@ -55,7 +55,7 @@ use crate::lock::{AgentLock, LockError};
 use crate::nats::{self, NatsError, PublishError, Reconnect};
 use crate::notify;
 use crate::podman::{Podman, PodmanError};
-use crate::reconciler::{Reconciler, ReconcilerMsg};
+use crate::reconciler::{Reconciler, ReconcilerMsg, Report};
 use crate::shutdown::Shutdown;
 use crate::startup::StartupSteps;
 use crate::status::{self, StatusMsg, StatusPublisher};
@@ -380,7 +380,10 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
                 &layout,
                 config.intervals.resync,
                 Box::new(move |report| {
-                    let _ = to_status.send(StatusMsg::Workloads(report));
+                    let _ = to_status.send(match report {
+                        Report::Workloads(r) => StatusMsg::Workloads(r),
+                        Report::Health(r) => StatusMsg::Health(r),
+                    });
                 }),
             );
             Some(

@@ -19,6 +19,7 @@ mod notify;
 mod oauth;
 mod podman;
 mod probe;
+mod prober;
 #[cfg(test)]
 mod prop_tests;
 mod reconciler;

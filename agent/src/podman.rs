@@ -51,6 +51,14 @@ pub fn container_name(w: &WorkloadName) -> String {
     format!("{NAME_PREFIX}{w}")
 }
 
+/// The name of a `start-first` workload's new container while the old one
+/// (named [`container_name`]) still runs: the spec hash's first 12 digits
+/// appended. Labels, never names, say which spec a container runs.
+pub fn container_name_beside(w: &WorkloadName, spec_hash: &str) -> String {
+    let short: String = spec_hash.chars().take(12).collect();
+    format!("{NAME_PREFIX}{w}-{short}")
+}
+
 /// A podman call that failed.
 #[derive(Debug)]
 pub enum PodmanError {
@@ -258,12 +266,17 @@ pub fn parse_ps(json: &[u8], device: &DeviceId) -> Result<Vec<LiveContainer>, St
 }
 
 /// The arguments of `podman run` for one workload (after global args).
-pub fn run_args(device: &DeviceId, workload: &WorkloadName, spec: &WorkloadSpec) -> Vec<String> {
+pub fn run_args(
+    device: &DeviceId,
+    workload: &WorkloadName,
+    spec: &WorkloadSpec,
+    name: &str,
+) -> Vec<String> {
     let mut a: Vec<String> = vec![
         "run".into(),
         "--detach".into(),
         "--pull=never".into(),
-        format!("--name={}", container_name(workload)),
+        format!("--name={name}"),
         format!("--label={LABEL_MANAGED_BY}={MANAGED_BY}"),
         format!("--label={LABEL_DEVICE}={device}"),
         format!("--label={LABEL_WORKLOAD}={workload}"),
@@ -446,21 +459,36 @@ impl Podman {
         .map(drop)
     }
 
-    /// Creates and starts the workload's container; returns its id.
+    /// Creates and starts the workload's container named `name`; returns
+    /// its id.
     pub fn run(
         &self,
         device: &DeviceId,
         workload: &WorkloadName,
         spec: &WorkloadSpec,
+        name: &str,
     ) -> Result<String, PodmanError> {
-        let args = run_args(device, workload, spec);
+        let args = run_args(device, workload, spec, name);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = self.call(
-            &format!("run {}", container_name(workload)),
-            &args,
-            self.settings.command_timeout,
-        )?;
+        let out = self.call(&format!("run {name}"), &args, self.settings.command_timeout)?;
         Ok(String::from_utf8_lossy(&out).trim().to_owned())
+    }
+
+    /// `podman exec <id> <command>` for a health probe: killed (its process
+    /// group) at `timeout`, at most `max_output` bytes of each of stdout
+    /// and stderr kept. The caller reads the exit status.
+    pub fn exec_probe(
+        &self,
+        container_id: &str,
+        command: &[String],
+        timeout: Duration,
+        max_output: usize,
+    ) -> Result<Output, ProcessError> {
+        let mut c = self.command();
+        // The id is one podman printed (parse_ps checks it is hex); the
+        // command follows it, never read as options.
+        c.arg("exec").arg(container_id).args(command);
+        run_bounded_split(&mut c, timeout, max_output, max_output)
     }
 
     /// Starts an existing (exited) container.
@@ -595,7 +623,7 @@ mod tests {
         )
         .expect("spec");
         let w = WorkloadName::parse("web").expect("name");
-        let a = run_args(&dev(), &w, &spec);
+        let a = run_args(&dev(), &w, &spec, &container_name(&w));
         let hash = spec.spec_hash();
         assert_eq!(
             a,

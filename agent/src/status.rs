@@ -22,6 +22,7 @@
 //!   without a message.
 //! - `<device>.workloads`: each report the reconciler sends (it sends only
 //!   changes).
+//! - `<device>.health`: the same, for the reconciler's health reports.
 //! - `<device>.traffic`: each report of the traffic counter
 //!   ([`crate::traffic`]), at its own slow cadence.
 //!
@@ -40,8 +41,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{
-    ConfigStateReport, DeviceInfo, Heartbeat, PodmanUnreachable, Stopping, TrafficReport,
-    WorkloadsReport,
+    ConfigStateReport, DeviceInfo, HealthReport, Heartbeat, PodmanUnreachable, Stopping,
+    TrafficReport, WorkloadsReport,
 };
 use fleet_common::limits::NATS_REQUEST_TIMEOUT;
 use fleet_common::subjects::{status_key, StatusKey, BUCKET_STATUS};
@@ -113,6 +114,7 @@ struct BeatContent {
 #[derive(Debug)]
 pub enum StatusMsg {
     Workloads(WorkloadsReport),
+    Health(HealthReport),
     /// `agent-podman-info` re-read the Podman version.
     PodmanVersion(Result<String, String>),
     /// The config state changed: publish info and a heartbeat now.
@@ -254,6 +256,7 @@ impl StatusPublisher {
         let mut attempted: Option<BeatContent> = None;
         let mut workloads: Option<WorkloadsReport> = None;
         let mut traffic: Option<TrafficReport> = None;
+        let mut health: Option<HealthReport> = None;
         // As the last workloads report said.
         let mut podman_unreachable: Option<PodmanUnreachable> = None;
         let mut info_pending = false;
@@ -269,6 +272,10 @@ impl StatusPublisher {
                 Ok(StatusMsg::Workloads(r)) => {
                     podman_unreachable = r.podman_unreachable.clone();
                     workloads = Some(r);
+                    retry_at = Some(Instant::now());
+                }
+                Ok(StatusMsg::Health(r)) => {
+                    health = Some(r);
                     retry_at = Some(Instant::now());
                 }
                 Ok(StatusMsg::PodmanVersion(Ok(v))) => {
@@ -350,6 +357,15 @@ impl StatusPublisher {
                         Ok(()) => info_pending = false,
                         Err(e) => {
                             log::warn!(device = device.as_str(); "device info not published: {e}; retrying");
+                            retry_at = Some(now + RETRY_DELAY);
+                        }
+                    }
+                }
+                if let Some(r) = &health {
+                    match self.put(StatusKey::Health, r) {
+                        Ok(()) => health = None,
+                        Err(e) => {
+                            log::warn!(device = device.as_str(); "workload health not published: {e}; retrying");
                             retry_at = Some(now + RETRY_DELAY);
                         }
                     }

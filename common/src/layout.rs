@@ -109,6 +109,14 @@ impl Layout {
     pub fn applied_specs(&self) -> PathBuf {
         self.agent_state_dir().join("applied.json")
     }
+    /// `/var/lib/harmony-fleet/agent/workload-health.json`: every applied
+    /// spec (those using fields agent 0.2.0 does not read included), the
+    /// last healthy spec of each workload and the spec that failed
+    /// (`WorkloadHealthState`). `applied.json` beside it keeps only the
+    /// specs every agent reads, so a downgraded agent still reads it.
+    pub fn workload_health_state(&self) -> PathBuf {
+        self.agent_state_dir().join("workload-health.json")
+    }
     /// `/var/lib/harmony-fleet/agent/attempts.json`: attempts seen (uuid → digest, outcome).
     pub fn seen_attempts(&self) -> PathBuf {
         self.agent_state_dir().join("attempts.json")

@@ -142,6 +142,22 @@ pub const MAX_KV_VALUE_BYTES: usize = 256 * 1024;
 pub const MAX_DESIRED_DOC_BYTES: usize = 960 * 1024;
 /// Workloads one device runs at most.
 pub const MAX_WORKLOADS_PER_DEVICE: usize = 256;
+/// Restarts of a new spec's container, before it was ever healthy, that
+/// revert it at once (without waiting for its health deadline). Podman
+/// restarts an exiting container itself and at once (`restart: always`;
+/// Podman 4.3 here restarted `false` 22 times in 8 s), and the agent sees
+/// a restart per observation, so three are seen within three looks; a
+/// spec that exited three times before it ever served is not going to.
+/// One exit (a container killed by hand, an OOM kill at start) is not
+/// enough to give up on a spec.
+pub const MAX_RESTARTS_BEFORE_REVERT: u32 = 3;
+/// Bytes kept of each of an exec probe's stdout and stderr (the first of
+/// stdout, the last of stderr): a probe says "ok" or why not in a line; a
+/// probe that floods output costs at most this much memory.
+pub const MAX_PROBE_OUTPUT_BYTES: usize = 4 * 1024;
+/// Bytes of an HTTP probe's answer read: enough for its status line and
+/// headers; the body is not read.
+pub const MAX_HTTP_PROBE_READ_BYTES: usize = 4 * 1024;
 /// Largest file read by [`crate::durable::read_bounded`] callers for state files.
 pub const MAX_STATE_FILE_BYTES: u64 = 4 * 1024 * 1024;
 

@@ -1145,7 +1145,7 @@ fn workload_spec_with_health_golden() {
     let h = tcp.health.as_ref().expect("health");
     assert_eq!((h.interval_secs, h.timeout_secs, h.retries), (10, 2, 3));
     assert_eq!(h.deadline_secs(), 32);
-    assert_eq!(HealthCheck::default().deadline_secs(), 10);
+    assert_eq!(HealthCheck::default().deadline_secs(), 20);
     let golden_minimal = std::fs::read(golden_path("workload-spec-minimal")).expect("golden");
     let minimal = WorkloadSpec::from_json(&golden_minimal).expect("parses");
     assert!(minimal.health.is_none() && minimal.update_strategy.is_default());

@@ -136,7 +136,12 @@ impl Device {
     /// `fleet-agent <args> --config <config>`, with Podman's environment
     /// and the notify socket.
     pub fn command(&self, args: &[&str], podman: Option<&Podman>) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleet-agent"));
+        self.command_of(Path::new(env!("CARGO_BIN_EXE_fleet-agent")), args, podman)
+    }
+
+    /// [`Self::command`] for another agent binary (a released one).
+    pub fn command_of(&self, binary: &Path, args: &[&str], podman: Option<&Podman>) -> Command {
+        let mut cmd = Command::new(binary);
         cmd.args(args)
             .arg("--config")
             .arg(&self.config)

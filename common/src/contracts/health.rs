@@ -122,17 +122,19 @@ impl Default for HealthCheck {
 }
 
 impl HealthCheck {
-    /// How long a new spec has to become healthy before the agent reverts
-    /// it: `start-period + retries × interval` with a probe (plus one
-    /// timeout: the last probe may run to its deadline),
-    /// `healthy-after` without.
+    /// How long a new spec has to become healthy, from the first start of
+    /// its container, before the agent reverts it: `start-period + retries
+    /// × interval` with a probe (plus one timeout: the last probe may run
+    /// to its deadline); without a probe, twice `healthy-after` (the
+    /// container must run `healthy-after` without a restart, and one exit
+    /// early on, restored, may still make it).
     pub fn deadline_secs(&self) -> u32 {
         match self.probe {
             Some(_) => self
                 .start_period_secs
                 .saturating_add(self.retries.saturating_mul(self.interval_secs))
                 .saturating_add(self.timeout_secs),
-            None => self.healthy_after_secs,
+            None => self.healthy_after_secs.saturating_mul(2),
         }
     }
 
@@ -323,8 +325,9 @@ pub struct Revert {
 #[serde(rename_all = "kebab-case")]
 pub struct WorkloadHealth {
     pub health: HealthState,
-    /// The spec the health refers to: the one whose container runs (after
-    /// a revert, the restored one).
+    /// The spec the health refers to: the one the agent aims to run (the
+    /// desired one; after a revert, the restored one; for a workload left
+    /// stopped, the failed one).
     pub spec_hash: Sha256Hex,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_probe: Option<ProbeResult>,
@@ -343,4 +346,64 @@ pub struct WorkloadHealth {
 pub struct HealthReport {
     pub workloads: BTreeMap<WorkloadName, WorkloadHealth>,
     pub observed_at: Timestamp,
+}
+
+// ---- The agent's own record: `workload-health.json` in its state directory ----
+
+/// A spec that did not become healthy: the agent does not try it again
+/// while it is the desired spec of its workload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct FailedSpec {
+    pub spec_hash: Sha256Hex,
+    pub reason: RevertReason,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<BoundedText>,
+    pub at: Timestamp,
+    /// The last healthy spec put back, or none (a workload never healthy
+    /// is left stopped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_spec_hash: Option<Sha256Hex>,
+}
+
+/// What the agent keeps of one workload's health across restarts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct WorkloadHealthRecord {
+    /// The last spec whose container was healthy: what a failing new spec
+    /// is reverted to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_healthy: Option<super::WorkloadSpec>,
+    /// The desired spec that failed, while it is the desired one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<FailedSpec>,
+}
+
+impl WorkloadHealthRecord {
+    pub fn is_empty(&self) -> bool {
+        self.last_healthy.is_none() && self.failed.is_none()
+    }
+}
+
+/// The agent's `workload-health.json` (format 1), written durably before
+/// `applied.json` at every change. `applied` is the whole record of
+/// applied specs; `applied.json` holds the part of it every agent version
+/// reads (specs without [`super::SPEC_FIELDS_SINCE`] fields), written with
+/// `written-at` equal to `applied-json-written-at` here. An `applied.json`
+/// written later than that was written by another agent (a downgrade ran):
+/// it then wins over `applied`. Unknown fields are kept out of errors (not
+/// `deny_unknown_fields`), so that this agent reads what a later one wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct WorkloadHealthState {
+    pub format: u32,
+    pub applied: BTreeMap<WorkloadName, super::WorkloadSpec>,
+    pub applied_json_written_at: Timestamp,
+    #[serde(default)]
+    pub workloads: BTreeMap<WorkloadName, WorkloadHealthRecord>,
+    pub written_at: Timestamp,
+}
+
+impl WorkloadHealthState {
+    pub const FORMAT: u32 = 1;
 }

@@ -23,9 +23,10 @@ pub use device::{
     Stopping,
 };
 pub use health::{
-    HealthCheck, HealthReport, HealthState, Probe, ProbeResult, Revert, RevertReason,
-    UpdateStrategy, WorkloadHealth, DEFAULT_HEALTHY_AFTER_SECS, MAX_HEALTH_PATH_CHARS,
-    MAX_HEALTH_PERIOD_SECS, MAX_HEALTH_RETRIES, MAX_PROBE_ARGS, MAX_PROBE_ARG_CHARS,
+    FailedSpec, HealthCheck, HealthReport, HealthState, Probe, ProbeResult, Revert, RevertReason,
+    UpdateStrategy, WorkloadHealth, WorkloadHealthRecord, WorkloadHealthState,
+    DEFAULT_HEALTHY_AFTER_SECS, MAX_HEALTH_PATH_CHARS, MAX_HEALTH_PERIOD_SECS, MAX_HEALTH_RETRIES,
+    MAX_PROBE_ARGS, MAX_PROBE_ARG_CHARS,
 };
 pub use journal::{
     FinishedAttempt, Journal, JournalError, JournalPhase, JournalTransition, Transaction,

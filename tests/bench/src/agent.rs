@@ -279,6 +279,101 @@ impl<'a> AgentBench<'a> {
     }
 }
 
+impl AgentBench<'_> {
+    /// Whether the device reports `workload` healthy.
+    fn healthy_reported(&self, status: &nats::kv::Store, workload: &str) -> bool {
+        status
+            .get(&format!("{}.health", self.device.id))
+            .ok()
+            .flatten()
+            .and_then(|raw| {
+                serde_json::from_slice::<fleet_common::contracts::HealthReport>(&raw).ok()
+            })
+            .and_then(|r| {
+                r.workloads
+                    .into_iter()
+                    .find(|(w, _)| w.as_str() == workload)
+                    .map(|(_, h)| h.health == fleet_common::contracts::HealthState::Healthy)
+            })
+            .unwrap_or(false)
+    }
+
+    /// Desired-state put → reported healthy (an exec probe `true`),
+    /// against a raw `podman run -d` followed by the same probe by hand
+    /// (`podman exec <name> true`, again until it passes), `runs` of each,
+    /// interleaved.
+    pub fn put_to_healthy_rows(&self, runs: usize) -> Vec<Row> {
+        let status = nats::jetstream::new(self.nats.admin())
+            .key_value("fleet-status")
+            .unwrap_or_else(|e| panic!("bucket fleet-status: {e}"));
+        let mut ours = Vec::new();
+        let mut raw = Vec::new();
+        for i in 0..runs {
+            let name = format!("hl{i}");
+            let token = (7_300_000 + i).to_string();
+            let spec = serde_json::json!({
+                "image": self.image,
+                "command": ["sleep", token],
+                // The first probe runs as soon as the container does; a
+                // generous timeout, as `podman exec` is slow on a loaded
+                // machine.
+                "health": {"probe": {"kind": "exec", "command": ["true"]},
+                           "interval-secs": 10, "timeout-secs": 10},
+            });
+            let started = Instant::now();
+            fleet_harness::desired::edit_document(&self.admin, &self.device.id, |w| {
+                w.insert(name.clone(), spec.clone());
+            });
+            poll_until(&format!("{name} reported healthy"), CONVERGE, || {
+                self.healthy_reported(&status, &name).then_some(())
+            });
+            ours.push(started.elapsed());
+
+            let name = format!("rawhl{i}");
+            let token = (7_400_000 + i).to_string();
+            let started = Instant::now();
+            self.podman.run(
+                &raw_run_args(&name, &self.image, &token)
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+            );
+            loop {
+                let out = self
+                    .podman
+                    .command()
+                    .args(["exec", &name, "true"])
+                    .output()
+                    .unwrap_or_else(|e| panic!("podman exec: {e}"));
+                if out.status.success() {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < CONVERGE,
+                    "podman exec {name} true never passed"
+                );
+            }
+            raw.push(started.elapsed());
+        }
+        let med_ours = median(&ours);
+        let med_raw = median(&raw);
+        let delta = med_ours.as_secs_f64() - med_raw.as_secs_f64();
+        vec![self.build.row(Row::new("workload put → healthy")
+            .ours(format!("{:.0} ms", med_ours.as_secs_f64() * 1e3))
+            .baseline(format!(
+                "{:.0} ms (raw `podman run -d` + `podman exec … true`)",
+                med_raw.as_secs_f64() * 1e3
+            ))
+            .ratio(format!("{:+.0} ms", delta * 1e3))
+            .target("≤ raw + probe + 100 ms", Verdict::from_ok(delta <= 0.100))
+            .note(format!(
+                "Median of {runs} interleaved runs, {WORKLOADS} other workloads running. Put: the device's document by compare-and-set with a new workload whose health is an exec probe `true` (run at once, then every 10 s) → `<device>.health` says it is healthy (admin KV get every ~2 ms). Raw: `podman run -d` with the agent's global arguments, then `podman exec <name> true` by hand until it passes. Ours {} ms; raw {} ms.",
+                list_ms(&ours),
+                list_ms(&raw)
+            )))]
+    }
+}
+
 /// The arguments the agent gives `podman run` for a workload (after the
 /// global arguments), for container `name`.
 fn raw_run_args(name: &str, image: &str, token: &str) -> Vec<String> {

@@ -8,7 +8,7 @@
 //! Sections, in order (`--only` picks some):
 //! - `sizes`: stripped binary sizes ([`bins`]);
 //! - `device`: one agent with 20 workloads and one idle updater: memory,
-//!   idle CPU over a window, put → running ([`agent`], [`updater`]);
+//!   idle CPU over a window, put → running, put → healthy ([`agent`], [`updater`]);
 //! - `download`: 100 MiB download + verify, and the updater's peak memory
 //!   ([`updater`]);
 //! - `fleet`: N simulated agents converging on one change ([`fleet`]);
@@ -450,6 +450,9 @@ fn device_section(args: &Args, table: &mut Table, updater: &UpdaterBench, build:
         table.push(build.row(row));
     }
     for row in agent.put_to_running_rows(args.latency_runs) {
+        table.push(row);
+    }
+    for row in agent.put_to_healthy_rows(args.latency_runs) {
         table.push(row);
     }
 }
