@@ -262,7 +262,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
     o.family(
         "device_rollback_failed",
         "gauge",
-        "1 per device in rollback-failed: a person must repair it (updater/REPAIR.md).",
+        "Set to 1 per device in rollback-failed: a person must repair it (updater/REPAIR.md).",
     );
     for (id, t, g) in &rollback_failed {
         o.sample(
@@ -379,7 +379,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
     o.family(
         "exporter_view_stale",
         "gauge",
-        "1 while NATS does not answer the exporter: every other series is its last view.",
+        "Set to 1 while NATS does not answer the exporter: every other series is its last view.",
     );
     o.sample(
         "exporter_view_stale",
@@ -401,7 +401,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
     o.family(
         "exporter_view_complete",
         "gauge",
-        "1 once the exporter has read every status key once.",
+        "Set to 1 once the exporter has read every status key once.",
     );
     o.sample(
         "exporter_view_complete",
@@ -449,7 +449,7 @@ fn rollouts(o: &mut Out, view: &View) {
     o.family(
         "rollout_phase",
         "gauge",
-        "1 for each rollout's phase (running, halted, aborted, complete), 0 for the others.",
+        "Set to 1 for each rollout's phase (running, halted, aborted, complete), 0 for the others.",
     );
     for r in &view.rollouts {
         for p in PHASES {

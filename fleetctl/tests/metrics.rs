@@ -1,0 +1,302 @@
+//! `fleetctl metrics serve` and the alert rules shipped with it, against
+//! real parts: a nats-server with the fleet layout (devices write their
+//! status keys with their own credentials, as the agent does), Debian's
+//! promtool, Prometheus and Alertmanager, and a webhook receiver.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use fleet_common::contracts::{ConfigState, ConfigStateReport, DeviceInfo, Freeze, Heartbeat};
+use fleet_common::subjects::{inbox_prefix, kv_subject};
+use fleet_common::validate::{Arch, BoundedText, DeviceId, Version};
+use fleet_common::Timestamp;
+use fleet_harness::{
+    poll_until, promtool_ok, workspace_root, Alertmanager, ChildGuard, NatsServer, NatsVersion,
+    Prometheus, WebhookReceiver, NATS_ADMIN_PASSWORD,
+};
+use tempfile::TempDir;
+
+/// The exporter's first complete view of a handful of devices, and a
+/// Prometheus evaluation after a change: seconds, on a loaded machine.
+const VIEW: Duration = Duration::from_secs(30);
+/// Scrape, evaluation, Alertmanager's group wait and its webhook post.
+const ALERT: Duration = Duration::from_secs(90);
+
+fn rules_dir() -> PathBuf {
+    workspace_root().join("packaging/prometheus")
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_every_alert_has_a_test_case() {
+    let dir = rules_dir();
+    let out = promtool_ok(&dir, &["check", "rules", "harmony-fleet.rules.yml"], None);
+    assert!(out.contains("SUCCESS"), "{out}");
+    let out = promtool_ok(
+        &dir.join("tests"),
+        &["test", "rules", "harmony-fleet.rules.test.yml"],
+        None,
+    );
+    assert!(out.contains("SUCCESS"), "{out}");
+    let rules = std::fs::read_to_string(dir.join("harmony-fleet.rules.yml")).expect("rules");
+    let tests =
+        std::fs::read_to_string(dir.join("tests/harmony-fleet.rules.test.yml")).expect("tests");
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    assert_eq!(alerts.len(), 8, "{alerts:?}");
+    for a in alerts {
+        // Some case expects the alert to fire: exp_labels before the next case.
+        let case = format!("alertname: {a}\n");
+        let fires = tests.match_indices(&case).any(|(i, _)| {
+            let rest = &tests[i + case.len()..];
+            let end = rest.find("alertname:").unwrap_or(rest.len());
+            rest[..end].contains("exp_labels")
+        });
+        assert!(fires, "no promtool test case expects {a} to fire");
+    }
+}
+
+struct Fleet {
+    server: NatsServer,
+    _dir: TempDir,
+    pw: PathBuf,
+}
+
+impl Fleet {
+    fn start(devices: &[&str]) -> Fleet {
+        let server = NatsServer::start_fleet(NatsVersion::V2_14, devices);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pw = dir.path().join("admin-pw");
+        std::fs::write(&pw, format!("{NATS_ADMIN_PASSWORD}\n")).expect("write");
+        Fleet {
+            server,
+            _dir: dir,
+            pw,
+        }
+    }
+
+    /// `fleetctl metrics serve` on a free port, and its address.
+    fn exporter(&self, extra: &[&str]) -> (ChildGuard, SocketAddr) {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fleetctl"));
+        c.args(["metrics", "serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .args(["--server", &self.server.url(), "--password-file"])
+            .arg(&self.pw)
+            .env_remove("FLEET_NATS_URL")
+            .env_remove("FLEET_NATS_PASSWORD_FILE");
+        let child = ChildGuard::spawn(c, "exporter");
+        let line = child.wait_for_line("serving http://", VIEW);
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|s| s.strip_suffix("/metrics"))
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        (child, addr)
+    }
+
+    /// Writes `device`'s status `key` with the device's own credentials,
+    /// as its agent does.
+    fn status(&self, device: &str, key: &str, value: &[u8]) {
+        let conn = self.server.device(device);
+        // The device may only use inboxes of its own (the permission template).
+        let id = DeviceId::parse(device).expect("id");
+        let inbox = format!("{}{}", inbox_prefix(&id), uuid::Uuid::new_v4().simple());
+        let sub = conn.subscribe(&inbox).expect("subscribe");
+        conn.publish_request(
+            &kv_subject("fleet-status", &format!("{device}.{key}")),
+            &inbox,
+            value,
+        )
+        .expect("publish");
+        let ack = sub.next_timeout(Duration::from_secs(10)).expect("ack");
+        let v: serde_json::Value = serde_json::from_slice(&ack.data).expect("json");
+        assert!(v.get("error").is_none(), "{v}");
+    }
+
+    fn label(&self, device: &str, labels: &str) {
+        let out = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+            .args(["device", "label", device])
+            .args(labels.split(' '))
+            .args(["--server", &self.server.url(), "--password-file"])
+            .arg(&self.pw)
+            .output()
+            .expect("fleetctl device label");
+        assert!(out.status.success(), "{out:?}");
+    }
+
+    fn device(&self, id: &str, version: &str, frozen: bool) {
+        let state = ConfigStateReport {
+            state: if frozen {
+                ConfigState::Changefreeze(Freeze {
+                    since: Timestamp::now(),
+                    reason: Some(BoundedText::truncate("vehicle in motion")),
+                    caller_uid: 0,
+                })
+            } else {
+                ConfigState::Configured
+            },
+            waiting_changes: 0,
+            intent_waiting: false,
+        };
+        let info = DeviceInfo {
+            device_id: DeviceId::parse(id).expect("id"),
+            agent_version: Version::parse(version).expect("v"),
+            arch: Arch::X86_64,
+            os: BoundedText::truncate("Debian 12"),
+            kernel: BoundedText::truncate("6.1.0"),
+            podman_version: None,
+            boot_id: BoundedText::truncate("boot"),
+            config_state: state.clone(),
+            agent_started_at: Timestamp::now(),
+            updated_at: Timestamp::now(),
+        };
+        let hb = Heartbeat {
+            at: Timestamp::now(),
+            uptime_secs: 10,
+            agent_version: Version::parse(version).expect("v"),
+            config_state: state,
+            stopping: None,
+            podman_unreachable: None,
+        };
+        self.status(id, "info", &serde_json::to_vec(&info).expect("json"));
+        self.status(id, "heartbeat", &serde_json::to_vec(&hb).expect("json"));
+    }
+
+    fn rollback_failed(&self, id: &str) {
+        let now = Timestamp::now();
+        let v = format!(
+            r#"{{"phase":"rollback-failed","reason":"rollback-failed","attempt-uuid":"0b9a4f53-2f0c-4b8e-9a55-6f6f3f0f6d11","attempt-digest":"5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef","target-version":"2.0","error":"starting the previous agent failed","attempt-started-at":"{now}","phase-changed-at":"{now}","transitions":[]}}"#
+        );
+        self.status(id, "upgrade", v.as_bytes());
+    }
+}
+
+fn scrape(addr: SocketAddr) -> Option<String> {
+    ureq::get(&format!("http://{addr}/metrics"))
+        .timeout(Duration::from_secs(10))
+        .call()
+        .ok()?
+        .into_string()
+        .ok()
+}
+
+fn scrape_until(addr: SocketAddr, what: &str, f: impl Fn(&str) -> bool) -> String {
+    poll_until(what, VIEW, || scrape(addr).filter(|s| f(s)))
+}
+
+#[test]
+fn a_scrape_passes_promtool_counts_unreadable_values_and_says_when_its_view_is_stale() {
+    let f = Fleet::start(&["dev1", "dev2", "dev3"]);
+    f.device("dev1", "0.3.0", false);
+    f.device("dev2", "0.2.0", true);
+    f.device("dev3", "0.3.0", false);
+    f.label("dev1", "site=berlin");
+    f.label("dev2", "site=oslo");
+    f.rollback_failed("dev2");
+    f.status("dev3", "workloads", b"{not json");
+    let started = Instant::now();
+    let (_exporter, addr) = f.exporter(&["--group-by", "site"]);
+    let page = scrape_until(addr, "a complete view", |s| {
+        s.contains("\nharmony_fleet_exporter_view_complete 1\n")
+    });
+    eprintln!(
+        "first complete view after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let out = promtool_ok(Path::new("."), &["check", "metrics"], Some(&page));
+    assert!(!out.contains("error"), "{out}\n{page}");
+    for want in [
+        "harmony_fleet_device_rollback_failed{device=\"dev2\",target_version=\"2.0\",label_site=\"oslo\"} 1\n",
+        "harmony_fleet_devices{agent_version=\"0.3.0\",arch=\"x86_64\",config_state=\"configured\",connection=\"online\",label_site=\"berlin\"} 1\n",
+        "harmony_fleet_devices{agent_version=\"0.2.0\",arch=\"x86_64\",config_state=\"changefreeze\",connection=\"online\",label_site=\"oslo\"} 1\n",
+        "harmony_fleet_upgrade_quarantined_devices{label_site=\"oslo\"} 1\n",
+        "harmony_fleet_unreadable_values{kind=\"workloads\"} 1\n",
+        "harmony_fleet_exporter_view_stale 0\n",
+        "harmony_fleet_exporter_devices_known 3\n",
+    ] {
+        assert!(page.contains(want), "missing {want}in:\n{page}");
+    }
+    assert!(page.contains("harmony_fleet_changefreeze_oldest_seconds{label_site=\"oslo\"}"));
+
+    // A change arrives through the consumer: the device repaired.
+    f.status("dev2", "upgrade", b"");
+    scrape_until(addr, "dev2 out of rollback-failed", |s| {
+        !s.contains("device_rollback_failed{device=\"dev2\"")
+            && s.contains("\nharmony_fleet_unreadable_values{kind=\"upgrade\"} 1\n")
+    });
+
+    // NATS gone: the last view, marked stale; back: current again.
+    let mut server = f.server;
+    server.stop();
+    let page = scrape_until(addr, "the view marked stale", |s| {
+        s.contains("\nharmony_fleet_exporter_view_stale 1\n")
+    });
+    assert!(
+        page.contains("harmony_fleet_exporter_devices_known 3\n"),
+        "{page}"
+    );
+    server.restart();
+    scrape_until(addr, "the view current again", |s| {
+        s.contains("\nharmony_fleet_exporter_view_stale 0\n")
+    });
+}
+
+#[test]
+fn a_device_in_rollback_failed_fires_its_alert_through_prometheus_and_alertmanager() {
+    let started = Instant::now();
+    let f = Fleet::start(&["dev1", "dev2"]);
+    f.device("dev1", "0.3.0", false);
+    f.device("dev2", "0.3.0", false);
+    f.label("dev1", "site=berlin");
+    let (_exporter, addr) = f.exporter(&["--group-by", "site"]);
+    let hook = WebhookReceiver::start();
+    let am = Alertmanager::start(&hook.url());
+    let prom = Prometheus::start(
+        &[addr],
+        &[rules_dir().join("harmony-fleet.rules.yml")],
+        Some(am.addr()),
+        Duration::from_secs(1),
+    );
+    poll_until("Prometheus scraping the exporter", ALERT, || {
+        let v = prom.api("query?query=harmony_fleet_exporter_devices_known")?;
+        (v["data"]["result"][0]["value"][1] == "2").then_some(())
+    });
+    assert!(prom.firing().is_empty(), "{:?}", prom.firing());
+
+    f.rollback_failed("dev1");
+    let alert = poll_until("the rollback-failed alert at the webhook", ALERT, || {
+        hook.firing()
+            .into_iter()
+            .find(|(name, _)| name == "HarmonyFleetDeviceRollbackFailed")
+    });
+    assert_eq!(alert.1["device"], "dev1", "{alert:?}");
+    assert_eq!(alert.1["label_site"], "berlin", "{alert:?}");
+    assert_eq!(alert.1["severity"], "critical", "{alert:?}");
+    let n = hook.notifications();
+    let annotations = &n
+        .iter()
+        .flat_map(|n| n["alerts"].as_array().cloned().unwrap_or_default())
+        .find(|a| a["labels"]["alertname"] == "HarmonyFleetDeviceRollbackFailed")
+        .expect("the alert")["annotations"];
+    assert!(
+        annotations["runbook_url"]
+            .as_str()
+            .is_some_and(|u| u.ends_with("updater/REPAIR.md")),
+        "{annotations}"
+    );
+    // Only that device: the others stay counted, not alerted.
+    assert!(
+        hook.firing().iter().all(|(_, l)| l["device"] != "dev2"),
+        "{:?}",
+        hook.firing()
+    );
+    let _ = am.log();
+    eprintln!(
+        "rollback-failed alert delivered; test took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
