@@ -13,9 +13,10 @@ use fleet_common::subjects::{inbox_prefix, kv_subject};
 use fleet_common::validate::{Arch, BoundedText, DeviceId, Version};
 use fleet_common::Timestamp;
 use fleet_harness::{
-    poll_until, promtool_ok, workspace_root, Alertmanager, ChildGuard, NatsServer, NatsVersion,
-    Prometheus, WebhookReceiver, NATS_ADMIN_PASSWORD,
+    bin_path, device_password, poll_until, promtool_ok, workspace_root, Alertmanager, ChildGuard,
+    NatsServer, NatsVersion, Prometheus, WebhookReceiver, NATS_ADMIN_PASSWORD,
 };
+use rustix::process::Signal;
 use tempfile::TempDir;
 
 /// The exporter's first complete view of a handful of devices, and a
@@ -23,6 +24,9 @@ use tempfile::TempDir;
 const VIEW: Duration = Duration::from_secs(30);
 /// Scrape, evaluation, Alertmanager's group wait and its webhook post.
 const ALERT: Duration = Duration::from_secs(90);
+/// fleetctl's judgement of a device gone quiet (`STALE_HEARTBEAT`: three
+/// missed 30 s heartbeats) and a margin.
+const STALE_HEARTBEAT_BOUND: Duration = Duration::from_secs(100);
 
 fn rules_dir() -> PathBuf {
     workspace_root().join("packaging/prometheus")
@@ -245,14 +249,44 @@ fn a_scrape_passes_promtool_counts_unreadable_values_and_says_when_its_view_is_s
     });
 }
 
+/// A real agent (`fleet-agent run`, Podman off) of device `id`, writing
+/// its heartbeat every second (`keepalive-secs` 1) while it runs.
+fn agent(f: &Fleet, id: &str, dir: &Path) -> ChildGuard {
+    let root = dir.join(id);
+    std::fs::create_dir_all(&root).expect("mkdir");
+    let pw = root.join("nats-password");
+    std::fs::write(&pw, format!("{}\n", device_password(id))).expect("write");
+    let config = serde_json::json!({
+        "device-id": id,
+        "nats": {
+            "servers": [f.server.url()],
+            "auth": {"method": "user-password", "user": id, "password-file": pw},
+        },
+        "podman": {"enabled": false},
+        "intervals": {"heartbeat-secs": 1, "keepalive-secs": 1, "resync-secs": 2},
+        "root": root,
+    });
+    let path = root.join("agent.json");
+    std::fs::write(&path, config.to_string()).expect("write");
+    let mut cmd = Command::new(bin_path("fleet-agent"));
+    cmd.args(["run", "--config"])
+        .arg(&path)
+        .env_remove("NOTIFY_SOCKET");
+    ChildGuard::spawn(cmd, &format!("agent-{id}"))
+}
+
 #[test]
-fn a_device_in_rollback_failed_fires_its_alert_through_prometheus_and_alertmanager() {
+fn rollback_failed_and_offline_devices_fire_their_alerts_through_prometheus_and_alertmanager() {
     let started = Instant::now();
-    let f = Fleet::start(&["dev1", "dev2"]);
+    let f = Fleet::start(&["dev1", "dev2", "dev3"]);
+    let work = tempfile::tempdir().expect("tempdir");
     f.device("dev1", "0.3.0", false);
     f.device("dev2", "0.3.0", false);
     f.label("dev1", "site=berlin");
-    let (_exporter, addr) = f.exporter(&["--group-by", "site"]);
+    f.label("dev3", "site=oslo");
+    let real = agent(&f, "dev3", work.path());
+    // Short bounds: a device not seen for a second past the stale bound.
+    let (_exporter, addr) = f.exporter(&["--group-by", "site", "--offline-after", "1s"]);
     let hook = WebhookReceiver::start();
     let am = Alertmanager::start(&hook.url());
     let prom = Prometheus::start(
@@ -261,9 +295,11 @@ fn a_device_in_rollback_failed_fires_its_alert_through_prometheus_and_alertmanag
         Some(am.addr()),
         Duration::from_secs(1),
     );
-    poll_until("Prometheus scraping the exporter", ALERT, || {
-        let v = prom.api("query?query=harmony_fleet_exporter_devices_known")?;
-        (v["data"]["result"][0]["value"][1] == "2").then_some(())
+    poll_until("Prometheus seeing the real agent online", ALERT, || {
+        let v = prom.api(
+            "query?query=sum(harmony_fleet_devices{connection=%22online%22,label_site=%22oslo%22})",
+        )?;
+        (v["data"]["result"][0]["value"][1] == "1").then_some(())
     });
     assert!(prom.firing().is_empty(), "{:?}", prom.firing());
 
@@ -288,15 +324,42 @@ fn a_device_in_rollback_failed_fires_its_alert_through_prometheus_and_alertmanag
             .is_some_and(|u| u.ends_with("updater/REPAIR.md")),
         "{annotations}"
     );
-    // Only that device: the others stay counted, not alerted.
     assert!(
-        hook.firing().iter().all(|(_, l)| l["device"] != "dev2"),
+        hook.firing()
+            .iter()
+            .all(|(name, l)| name != "HarmonyFleetDeviceRollbackFailed" || l["device"] == "dev1"),
         "{:?}",
         hook.firing()
     );
-    let _ = am.log();
     eprintln!(
-        "rollback-failed alert delivered; test took {:.1} s",
+        "rollback-failed alert delivered after {:.1} s",
         started.elapsed().as_secs_f64()
     );
+
+    // The real agent frozen in place: its connection stays open (no FIN),
+    // its heartbeats stop; past the stale bound the offline alert fires.
+    assert!(
+        hook.firing().iter().all(|(_, l)| l["device"] != "dev3"),
+        "{:?}",
+        hook.firing()
+    );
+    real.signal(Signal::STOP);
+    let stopped = Instant::now();
+    let alert = poll_until(
+        "the offline alert of the stopped agent",
+        STALE_HEARTBEAT_BOUND + ALERT,
+        || {
+            hook.firing()
+                .into_iter()
+                .find(|(name, l)| name == "HarmonyFleetDeviceOffline" && l["device"] == "dev3")
+        },
+    );
+    assert_eq!(alert.1["label_site"], "oslo", "{alert:?}");
+    eprintln!(
+        "offline alert delivered {:.1} s after the agent stopped; test took {:.1} s",
+        stopped.elapsed().as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    real.signal(Signal::CONT);
+    let _ = am.log();
 }
