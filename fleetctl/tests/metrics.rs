@@ -63,6 +63,57 @@ fn the_alert_rules_pass_promtool_and_every_alert_has_a_test_case() {
     }
 }
 
+/// Every PromQL expression of the shipped Grafana dashboard.
+fn dashboard_exprs() -> Vec<String> {
+    let text = std::fs::read_to_string(rules_dir().join("harmony-fleet.dashboard.json"))
+        .expect("dashboard");
+    let d: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let exprs: Vec<String> = d["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_owned))
+        .collect();
+    assert!(exprs.len() > 20, "{exprs:?}");
+    exprs
+}
+
+/// The `harmony_fleet_` metric families `expr` reads.
+fn families(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("harmony_fleet_") {
+        let name: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[i + name.len()..];
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name)
+            .to_owned();
+        out.push(family);
+    }
+    out
+}
+
+#[test]
+fn the_dashboard_queries_pass_promtool() {
+    // Each query as a recording rule: promtool parses it as Prometheus would.
+    let rules = serde_json::json!({"groups": [{
+        "name": "dashboard",
+        "rules": dashboard_exprs().iter().enumerate().map(|(i, e)| {
+            serde_json::json!({"record": format!("dashboard:query_{i}"), "expr": e})
+        }).collect::<Vec<_>>(),
+    }]});
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("dashboard.rules.yml"), rules.to_string()).expect("write");
+    let out = promtool_ok(dir.path(), &["check", "rules", "dashboard.rules.yml"], None);
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
 struct Fleet {
     server: NatsServer,
     _dir: TempDir,
@@ -225,6 +276,15 @@ fn a_scrape_passes_promtool_counts_unreadable_values_and_says_when_its_view_is_s
         assert!(page.contains(want), "missing {want}in:\n{page}");
     }
     assert!(page.contains("harmony_fleet_changefreeze_oldest_seconds{label_site=\"oslo\"}"));
+    // The dashboard reads only families the exporter serves.
+    for e in dashboard_exprs() {
+        for f in families(&e) {
+            assert!(
+                page.contains(&format!("# TYPE {f} ")),
+                "the dashboard's {e:?} reads {f}, which the exporter does not serve"
+            );
+        }
+    }
 
     // A change arrives through the consumer: the device repaired.
     f.status("dev2", "upgrade", b"");

@@ -52,6 +52,10 @@ const FLEETCTL_FILES: &[(&str, u32)] = &[
         "/usr/share/harmony-fleet/prometheus/harmony-fleet.rules.yml",
         0o644,
     ),
+    (
+        "/usr/share/harmony-fleet/prometheus/harmony-fleet.dashboard.json",
+        0o644,
+    ),
 ];
 
 /// FLEETCTL_FILES and fleetctl's man pages, one per command (the debug
