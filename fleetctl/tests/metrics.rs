@@ -135,7 +135,12 @@ impl Fleet {
 
     /// `fleetctl metrics serve` on a free port, and its address.
     fn exporter(&self, extra: &[&str]) -> (ChildGuard, SocketAddr) {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_fleetctl"));
+        self.exporter_of(Path::new(env!("CARGO_BIN_EXE_fleetctl")), extra)
+    }
+
+    /// [`Self::exporter`] of another fleetctl build (a release one).
+    fn exporter_of(&self, fleetctl: &Path, extra: &[&str]) -> (ChildGuard, SocketAddr) {
+        let mut c = Command::new(fleetctl);
         c.args(["metrics", "serve", "--listen", "127.0.0.1:0"])
             .args(extra)
             .args(["--server", &self.server.url(), "--password-file"])
@@ -219,6 +224,24 @@ impl Fleet {
         };
         self.status(id, "info", &serde_json::to_vec(&info).expect("json"));
         self.status(id, "heartbeat", &serde_json::to_vec(&hb).expect("json"));
+    }
+
+    /// `device`'s info and heartbeat, written by the admin without an ack
+    /// (many devices at once).
+    fn device_as_admin(&self, admin: &nats::Connection, id: &str, version: &str) {
+        let now = Timestamp::now();
+        let state = r#"{"state":"configured","waiting-changes":0,"intent-waiting":false}"#;
+        let info = format!(
+            r#"{{"device-id":"{id}","agent-version":"{version}","arch":"x86_64","os":"Debian 12","kernel":"6.1.0","boot-id":"b","config-state":{state},"agent-started-at":"{now}","updated-at":"{now}"}}"#
+        );
+        let hb = format!(
+            r#"{{"at":"{now}","uptime-secs":10,"agent-version":"{version}","config-state":{state}}}"#
+        );
+        for (key, v) in [("info", info), ("heartbeat", hb)] {
+            admin
+                .publish(&kv_subject("fleet-status", &format!("{id}.{key}")), v)
+                .expect("publish");
+        }
     }
 
     fn rollback_failed(&self, id: &str) {
@@ -422,4 +445,122 @@ fn rollback_failed_and_offline_devices_fire_their_alerts_through_prometheus_and_
     );
     real.signal(Signal::CONT);
     let _ = am.log();
+}
+
+/// utime+stime and VmRSS of a process.
+fn cpu_and_rss(pid: u32) -> (Duration, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("comm")
+        .1
+        .split_whitespace()
+        .collect();
+    // Fields 14 and 15 (utime, stime) are the 12th and 13th after the comm.
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    // USER_HZ is 100 on Linux.
+    (Duration::from_millis(ticks * 10), rss_kib * 1024)
+}
+
+/// A measurement, not a check: the exporter over N devices' keys (info,
+/// heartbeat, workloads with two workloads each, a site label of 20),
+/// written straight into the bucket. Run with a release fleetctl:
+/// `cargo build --release -p fleetctl && FLEET_METRICS_DEVICES=100000
+/// FLEET_METRICS_FLEETCTL=target/release/fleetctl cargo test -p fleetctl
+/// --test metrics exporter_at_scale -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement (docs/operator/metrics.md, At scale)"]
+fn exporter_at_scale() {
+    let n: usize = std::env::var("FLEET_METRICS_DEVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let fleetctl = std::env::var_os("FLEET_METRICS_FLEETCTL")
+        .map(PathBuf::from)
+        .map(|p| {
+            if p.is_absolute() {
+                p
+            } else {
+                workspace_root().join(p)
+            }
+        })
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fleetctl")));
+    let f = Fleet::start(&[]);
+    let admin = f.server.admin();
+    let now = Timestamp::now();
+    let workloads = format!(
+        r#"{{"workloads":{{"web":{{"state":"running","image":"registry.example.com/web:1","spec-hash":"5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef","restarts":0,"since":"{now}"}},"cam":{{"state":"back-off","image":"registry.example.com/cam:2","spec-hash":"5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef","restarts":3,"since":"{now}"}}}},"observed-at":"{now}"}}"#
+    );
+    let wrote = Instant::now();
+    for i in 0..n {
+        let id = format!("d{i:06}");
+        f.device_as_admin(&admin, &id, if i % 3 == 0 { "0.2.0" } else { "0.3.0" });
+        admin
+            .publish(
+                &kv_subject("fleet-status", &format!("{id}.workloads")),
+                &workloads,
+            )
+            .expect("publish");
+        admin
+            .publish(
+                &kv_subject("fleet-operator", &format!("labels.{id}")),
+                format!(r#"{{"labels":{{"site":"site{}"}}}}"#, i % 20),
+            )
+            .expect("publish");
+        if i % 1000 == 999 {
+            admin.flush().expect("flush");
+        }
+    }
+    admin.flush().expect("flush");
+    poll_until("every key stored", Duration::from_secs(300), || {
+        let r = admin
+            .request_timeout(
+                "$JS.API.STREAM.INFO.KV_fleet-status",
+                b"",
+                Duration::from_secs(10),
+            )
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&r.data).ok()?;
+        (v["state"]["messages"].as_u64()? >= 3 * n as u64).then_some(())
+    });
+    eprintln!(
+        "{n} devices written in {:.1} s",
+        wrote.elapsed().as_secs_f64()
+    );
+    let start = Instant::now();
+    let (exporter, addr) = f.exporter_of(&fleetctl, &["--group-by", "site"]);
+    let want = format!("\nharmony_fleet_exporter_devices_known {n}\n");
+    poll_until("the first complete view", Duration::from_secs(600), || {
+        scrape(addr).filter(|s| {
+            s.contains("\nharmony_fleet_exporter_view_complete 1\n") && s.contains(&want)
+        })
+    });
+    let first = start.elapsed();
+    let line = exporter.wait_for_line("first complete view", VIEW);
+    let (cpu_start, _) = cpu_and_rss(exporter.pid());
+    let mut times = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        bytes = scrape(addr).expect("scrape").len();
+        times.push(t.elapsed());
+    }
+    let (cpu_end, rss) = cpu_and_rss(exporter.pid());
+    times.sort();
+    eprintln!(
+        "exporter over {n} devices: {line}; complete view seen by a scrape {:.1} s after the start; \
+scrape median {:.0} ms (max {:.0} ms), {bytes} bytes; RSS {:.1} MiB; CPU {:.0} ms for 5 scrapes",
+        first.as_secs_f64(),
+        times[2].as_secs_f64() * 1e3,
+        times[4].as_secs_f64() * 1e3,
+        rss as f64 / (1024.0 * 1024.0),
+        (cpu_end - cpu_start).as_secs_f64() * 1e3,
+    );
 }
