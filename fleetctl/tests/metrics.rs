@@ -564,3 +564,66 @@ scrape median {:.0} ms (max {:.0} ms), {bytes} bytes; RSS {:.1} MiB; CPU {:.0} m
         (cpu_end - cpu_start).as_secs_f64() * 1e3,
     );
 }
+
+/// Not a check: the picture in docs/operator/metrics.md. Prometheus's own
+/// graph page (no Grafana package in Debian) over 40 simulated devices
+/// upgrading from 0.2.0 to 0.3.0, taken by Debian's headless Chromium:
+/// `FLEET_METRICS_SCREENSHOT=docs/operator/metrics-prometheus.png cargo
+/// test -p fleetctl --test metrics screenshot -- --ignored`.
+#[test]
+#[ignore = "writes the screenshot of docs/operator/metrics.md"]
+fn screenshot_of_the_prometheus_graph_page() {
+    let out = std::env::var_os("FLEET_METRICS_SCREENSHOT")
+        .map(PathBuf::from)
+        .map(|p| {
+            if p.is_absolute() {
+                p
+            } else {
+                workspace_root().join(p)
+            }
+        })
+        .unwrap_or_else(|| std::env::temp_dir().join("metrics-prometheus.png"));
+    let chromium = fleet_harness::require_tool("chromium", "chromium");
+    let f = Fleet::start(&[]);
+    let admin = f.server.admin();
+    for i in 0..40 {
+        f.device_as_admin(&admin, &format!("d{i:02}"), "0.2.0");
+    }
+    admin.flush().expect("flush");
+    let (_exporter, addr) = f.exporter(&[]);
+    let prom = Prometheus::start(&[addr], &[], None, Duration::from_secs(1));
+    // Two devices a second move to 0.3.0, with Prometheus scraping.
+    for i in 0..40 {
+        f.device_as_admin(&admin, &format!("d{i:02}"), "0.3.0");
+        admin.flush().expect("flush");
+        if i % 2 == 1 {
+            let want = (i + 1).to_string();
+            poll_until("Prometheus seeing the upgrade", VIEW, || {
+                let v =
+                    prom.api("query?query=sum(harmony_fleet_devices{agent_version=%220.3.0%22})")?;
+                (v["data"]["result"][0]["value"][1] == want.as_str()).then_some(())
+            });
+        }
+    }
+    let url = format!(
+        "{}/graph?g0.expr={}&g0.tab=0&g0.range_input=30s",
+        prom.url(),
+        "sum%20by%20(agent_version)%20(harmony_fleet_devices)"
+    );
+    let status = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--hide-scrollbars",
+            "--window-size=1280,800",
+            "--virtual-time-budget=10000",
+        ])
+        .arg(format!("--screenshot={}", out.display()))
+        .arg(&url)
+        .status()
+        .expect("chromium");
+    assert!(status.success(), "chromium: {status}");
+    eprintln!("wrote {}", out.display());
+}

@@ -162,7 +162,7 @@ pub fn serve(conn: nats::Connection, opts: &Options) -> Result<(), CtlError> {
 }
 
 /// One followed bucket: its consumer (when it works) and where to go on.
-struct Followed1 {
+struct FollowedBucket {
     bucket: &'static str,
     filter: String,
     follow: Option<Follow>,
@@ -172,7 +172,7 @@ struct Followed1 {
     caught_up: bool,
 }
 
-impl Followed1 {
+impl FollowedBucket {
     fn new(bucket: &'static str, filter: String) -> Self {
         Self {
             bucket,
@@ -243,8 +243,8 @@ impl Followed1 {
 
 /// The thread `metrics-follow`: keeps the view until the process ends.
 fn follow(conn: &nats::Connection, shared: &Shared) {
-    let mut status = Followed1::new(BUCKET_STATUS, format!("$KV.{BUCKET_STATUS}.>"));
-    let mut labels = Followed1::new(
+    let mut status = FollowedBucket::new(BUCKET_STATUS, format!("$KV.{BUCKET_STATUS}.>"));
+    let mut labels = FollowedBucket::new(
         BUCKET_OPERATOR,
         format!("$KV.{BUCKET_OPERATOR}.{LABELS_PREFIX}.*"),
     );
