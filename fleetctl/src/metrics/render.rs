@@ -4,8 +4,9 @@
 //! the bound, over the traffic budget). Every series carries the
 //! `--group-by` labels as `label_<key>`.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt::Write;
+use std::hash::Hash;
 use std::time::Duration;
 
 use fleet_common::contracts::{RolloutPhase, UpgradePhase, UpgradeReason};
@@ -110,10 +111,19 @@ pub fn group_label_name(key: &str) -> String {
     s
 }
 
-type Counts<K> = BTreeMap<(K, Vec<String>), u64>;
+/// Devices counted by a key and their group values, borrowed from the
+/// view: a scrape allocates per series, not per device.
+type Counts<'a, K> = HashMap<(K, &'a [String]), u64>;
 
-fn bump<K: Ord>(m: &mut Counts<K>, k: K, groups: &[String], by: u64) {
-    *m.entry((k, groups.to_vec())).or_default() += by;
+fn bump<'a, K: Eq + Hash>(m: &mut Counts<'a, K>, k: K, groups: &'a [String], by: u64) {
+    *m.entry((k, groups)).or_default() += by;
+}
+
+/// A map's entries in key order, as the page lists them.
+fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
+    let mut v: Vec<(&K, &V)> = m.iter().collect();
+    v.sort_by(|a, b| a.0.cmp(b.0));
+    v
 }
 
 /// The whole page.
@@ -122,35 +132,33 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         text: String::new(),
         group_keys: view.group_by.iter().map(|k| group_label_name(k)).collect(),
     };
-    let mut ids: Vec<&String> = view.devices.keys().collect();
-    ids.sort();
-
-    let mut devices: Counts<[String; 4]> = BTreeMap::new();
-    let mut phases: Counts<(&'static str, String)> = BTreeMap::new();
-    let mut quarantined: Counts<()> = BTreeMap::new();
-    let mut refused: Counts<&'static str> = BTreeMap::new();
-    let mut workloads: Counts<(String, &'static str)> = BTreeMap::new();
-    let mut health: Counts<(String, &'static str)> = BTreeMap::new();
-    let mut reverted: Counts<String> = BTreeMap::new();
-    let mut traffic: Counts<&'static str> = BTreeMap::new();
-    let mut traffic_hist: BTreeMap<Vec<String>, ([u64; TRAFFIC_BUCKETS.len()], u64, u64)> =
-        BTreeMap::new();
-    let mut freeze_oldest: BTreeMap<Vec<String>, Duration> = BTreeMap::new();
-    let mut rollback_failed: Vec<(&str, String, &[String])> = Vec::new();
+    let mut devices: Counts<[&str; 4]> = HashMap::new();
+    let mut phases: Counts<(&'static str, &str)> = HashMap::new();
+    let mut quarantined: Counts<()> = HashMap::new();
+    let mut refused: Counts<&'static str> = HashMap::new();
+    let mut workloads: Counts<(&str, &'static str)> = HashMap::new();
+    let mut health: Counts<(&str, &'static str)> = HashMap::new();
+    let mut reverted: Counts<&str> = HashMap::new();
+    let mut traffic: Counts<&'static str> = HashMap::new();
+    let mut traffic_hist: HashMap<&[String], ([u64; TRAFFIC_BUCKETS.len()], u64, u64)> =
+        HashMap::new();
+    let mut freeze_oldest: HashMap<&[String], Duration> = HashMap::new();
+    let mut rollback_failed: Vec<(&str, &str, &[String])> = Vec::new();
     let mut offline: Vec<(&str, Duration, &[String])> = Vec::new();
     let mut over_budget: Vec<(&str, u64, &[String])> = Vec::new();
 
-    for id in ids {
-        let d: &DeviceState = &view.devices[id];
+    for (id, d) in &view.devices {
+        let d: &DeviceState = d;
+        let id = id.as_str();
         let g = d.groups.as_slice();
         let conn = connection_state(d.heartbeat, now);
         bump(
             &mut devices,
             [
-                d.agent_version.clone().unwrap_or_default(),
-                d.arch.clone().unwrap_or_default(),
-                d.config_state.unwrap_or("").to_owned(),
-                conn.as_str().to_owned(),
+                d.agent_version.as_deref().unwrap_or_default(),
+                d.arch.as_deref().unwrap_or_default(),
+                d.config_state.unwrap_or(""),
+                conn.as_str(),
             ],
             g,
             1,
@@ -167,9 +175,9 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
                 reason,
                 target_version,
             }) => {
-                bump(&mut phases, (phase.as_str(), target_version.clone()), g, 1);
+                bump(&mut phases, (phase.as_str(), target_version.as_str()), g, 1);
                 if *phase == UpgradePhase::RollbackFailed {
-                    rollback_failed.push((id, target_version.clone(), g));
+                    rollback_failed.push((id, target_version.as_str(), g));
                 }
                 if *phase == UpgradePhase::RollbackFailed
                     || *reason == Some(UpgradeReason::Quarantined)
@@ -181,19 +189,19 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
             None => {}
         }
         for (name, state) in &d.workloads {
-            bump(&mut workloads, (name.clone(), *state), g, 1);
+            bump(&mut workloads, (name.as_str(), *state), g, 1);
         }
         for (name, h) in &d.health {
-            bump(&mut health, (name.clone(), h.health), g, 1);
+            bump(&mut health, (name.as_str(), h.health), g, 1);
             if h.reverted {
-                bump(&mut reverted, name.clone(), g, 1);
+                bump(&mut reverted, name.as_str(), g, 1);
             }
         }
         if let Some((sent, received)) = d.traffic_day {
             bump(&mut traffic, "sent", g, sent);
             bump(&mut traffic, "received", g, received);
             let total = sent.saturating_add(received);
-            let h = traffic_hist.entry(g.to_vec()).or_default();
+            let h = traffic_hist.entry(g).or_default();
             for (i, b) in TRAFFIC_BUCKETS.iter().enumerate() {
                 if total <= *b {
                     h.0[i] += 1;
@@ -207,17 +215,20 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         }
         if let Some(since) = d.frozen_since {
             let age = now.since(since);
-            let e = freeze_oldest.entry(g.to_vec()).or_default();
+            let e = freeze_oldest.entry(g).or_default();
             *e = (*e).max(age);
         }
     }
 
+    rollback_failed.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    offline.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    over_budget.sort_unstable_by(|a, b| a.0.cmp(b.0));
     o.family(
         "devices",
         "gauge",
         "Devices by agent version, arch, config state and connection state.",
     );
-    for (([v, a, c, s], g), n) in &devices {
+    for (([v, a, c, s], g), n) in sorted(&devices) {
         o.sample(
             "devices",
             &[
@@ -235,7 +246,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         "gauge",
         "Devices by the phase of their last upgrade attempt and its target version.",
     );
-    for (((p, t), g), n) in &phases {
+    for (((p, t), g), n) in sorted(&phases) {
         o.sample(
             "upgrade_devices",
             &[("phase", p), ("target_version", t)],
@@ -248,7 +259,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         "gauge",
         "Devices whose updater refuses attempts until root repair (rollback-failed or quarantined).",
     );
-    for (((), g), n) in &quarantined {
+    for (((), g), n) in sorted(&quarantined) {
         o.sample("upgrade_quarantined_devices", &[], g, *n as f64);
     }
     o.family(
@@ -256,7 +267,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         "gauge",
         "Devices whose agent refused an upgrade intent without a valid attempt identity, by reason.",
     );
-    for ((r, g), n) in &refused {
+    for ((r, g), n) in sorted(&refused) {
         o.sample("refused_intent_devices", &[("reason", r)], g, *n as f64);
     }
     o.family(
@@ -303,7 +314,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         "gauge",
         "Age of the oldest change freeze among the group's frozen devices.",
     );
-    for (g, age) in &freeze_oldest {
+    for (g, age) in sorted(&freeze_oldest) {
         o.sample("changefreeze_oldest_seconds", &[], g, age.as_secs() as f64);
     }
     o.family(
@@ -311,7 +322,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         "gauge",
         "Workloads by name and observed state (one per device running it).",
     );
-    for (((w, s), g), n) in &workloads {
+    for (((w, s), g), n) in sorted(&workloads) {
         o.sample("workloads", &[("workload", w), ("state", s)], g, *n as f64);
     }
     o.family(
@@ -319,7 +330,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         "gauge",
         "Workloads by name and health as the device's probes judge it.",
     );
-    for (((w, h), g), n) in &health {
+    for (((w, h), g), n) in sorted(&health) {
         o.sample(
             "workload_health",
             &[("workload", w), ("health", h)],
@@ -332,7 +343,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         "gauge",
         "Workloads the device reverted to their last healthy spec, by name.",
     );
-    for ((w, g), n) in &reverted {
+    for ((w, g), n) in sorted(&reverted) {
         o.sample("workload_reverted", &[("workload", w)], g, *n as f64);
     }
     o.family(
@@ -340,7 +351,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         "gauge",
         "The fleet's bytes on the last whole UTC day, by direction (devices' own counters).",
     );
-    for ((dir, g), n) in &traffic {
+    for ((dir, g), n) in sorted(&traffic) {
         o.sample("traffic_day_bytes", &[("direction", dir)], g, *n as f64);
     }
     o.family(
@@ -348,7 +359,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         "histogram",
         "Distribution of devices' bytes (sent and received) on the last whole UTC day.",
     );
-    for (g, (buckets, count, sum)) in &traffic_hist {
+    for (g, (buckets, count, sum)) in sorted(&traffic_hist) {
         for (b, n) in TRAFFIC_BUCKETS.iter().zip(buckets) {
             let le = b.to_string();
             o.sample(

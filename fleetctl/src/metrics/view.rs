@@ -109,15 +109,22 @@ impl View {
         let Some(key) = StatusKey::ALL.into_iter().find(|k| k.as_str() == key) else {
             return;
         };
-        let groups = self.labels.get(device).cloned();
-        let width = self.group_by.len();
-        let d = self
-            .devices
-            .entry(device.to_owned())
-            .or_insert_with(|| DeviceState {
-                groups: groups.unwrap_or_else(|| vec![String::new(); width]),
-                ..DeviceState::default()
-            });
+        if !self.devices.contains_key(device) {
+            let groups = self
+                .labels
+                .remove(device)
+                .unwrap_or_else(|| vec![String::new(); self.group_by.len()]);
+            self.devices.insert(
+                device.to_owned(),
+                DeviceState {
+                    groups,
+                    ..DeviceState::default()
+                },
+            );
+        }
+        let Some(d) = self.devices.get_mut(device) else {
+            return;
+        };
         let Some(bytes) = e.value.as_deref() else {
             clear(d, key);
             d.unreadable.remove(kind(key));
