@@ -309,6 +309,17 @@ fn a_scrape_passes_promtool_counts_unreadable_values_and_says_when_its_view_is_s
         }
     }
 
+    // Only /metrics is served; anything else is refused, and the page still is.
+    match ureq::get(&format!("http://{addr}/other")).call() {
+        Err(ureq::Error::Status(404, _)) => {}
+        other => panic!("GET /other: {other:?}"),
+    }
+    match ureq::post(&format!("http://{addr}/metrics")).call() {
+        Err(ureq::Error::Status(405, _)) => {}
+        other => panic!("POST /metrics: {other:?}"),
+    }
+    assert!(scrape(addr).is_some());
+
     // A change arrives through the consumer: the device repaired.
     f.status("dev2", "upgrade", b"");
     scrape_until(addr, "dev2 out of rollback-failed", |s| {
