@@ -156,7 +156,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
             &mut devices,
             [
                 d.agent_version.as_deref().unwrap_or_default(),
-                d.arch.as_deref().unwrap_or_default(),
+                d.arch.unwrap_or_default(),
                 d.config_state.unwrap_or(""),
                 conn.as_str(),
             ],

@@ -41,7 +41,7 @@ pub struct WorkloadHealth {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeviceState {
     pub agent_version: Option<String>,
-    pub arch: Option<String>,
+    pub arch: Option<&'static str>,
     pub config_state: Option<&'static str>,
     /// When the change freeze started, while frozen.
     pub frozen_since: Option<Timestamp>,
@@ -216,7 +216,7 @@ fn set(d: &mut DeviceState, key: StatusKey, bytes: &[u8]) -> bool {
                 return false;
             };
             d.agent_version = Some(i.agent_version.to_string());
-            d.arch = Some(i.arch.to_string());
+            d.arch = Some(i.arch.as_str());
             d.config_state = Some(i.config_state.state.name());
             d.frozen_since = match &i.config_state.state {
                 fleet_common::contracts::ConfigState::Changefreeze(f) => Some(f.since),
