@@ -256,7 +256,9 @@ fn follow(conn: &nats::Connection, shared: &Shared) {
             let mut s = lock(shared);
             s.status_live = status_ok;
             s.labels_live = labels_ok;
-            if s.first_view.is_none() && status.caught_up && labels.caught_up {
+            // Complete: every key replayed once, and the rollouts listed (a
+            // scrape seeing it complete sees no stale marker of the start).
+            if s.first_view.is_none() && status.caught_up && labels.caught_up && s.rollouts_live {
                 let t = s.started.elapsed();
                 s.first_view = Some(t);
                 let n = s.view.devices.len();
