@@ -1001,16 +1001,33 @@ fn policy_text(s: &RolloutState) -> String {
     t
 }
 
-/// `fleetctl rollout ls`: every rollout, one line each.
-pub fn ls(conn: &nats::Connection) -> Result<String, CtlError> {
-    let mut out = String::new();
-    for e in js::read_last(
+/// One rollout key: its state, or why its value is not one.
+pub type Listed = (String, Result<RolloutState, String>);
+
+/// Every rollout in `fleet-operator` by key, each its state or why its
+/// value is not one (deleted keys left out), in one read.
+pub fn list(conn: &nats::Connection) -> Result<Vec<Listed>, CtlError> {
+    Ok(js::read_last(
         conn,
         BUCKET_OPERATOR,
         &format!("$KV.{BUCKET_OPERATOR}.{ROLLOUTS_PREFIX}.*"),
-    )? {
-        let Some(v) = e.value else { continue };
-        match serde_json::from_slice::<RolloutState>(&v) {
+    )?
+    .into_iter()
+    .filter_map(|e| {
+        let v = e.value?;
+        Some((
+            e.key,
+            serde_json::from_slice::<RolloutState>(&v).map_err(|err| err.to_string()),
+        ))
+    })
+    .collect())
+}
+
+/// `fleetctl rollout ls`: every rollout, one line each.
+pub fn ls(conn: &nats::Connection) -> Result<String, CtlError> {
+    let mut out = String::new();
+    for (key, state) in list(conn)? {
+        match state {
             Ok(s) => {
                 let _ = writeln!(
                     out,
@@ -1025,7 +1042,7 @@ pub fn ls(conn: &nats::Connection) -> Result<String, CtlError> {
                 );
             }
             Err(err) => {
-                let _ = writeln!(out, "{}: unreadable ({err})", e.key);
+                let _ = writeln!(out, "{key}: unreadable ({err})");
             }
         }
     }
