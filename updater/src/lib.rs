@@ -7,7 +7,8 @@
 //! | `daemon` | start-up order: journal, recovery, socket, `READY=1` |
 //! | `transaction` | prepare, probe, cutover, rollback, the recovery table |
 //! | `journal` | loading and writing the durable journal |
-//! | `state` | the published status copy and the one mutator token |
+//! | `published` | the copy of the state that `status` reads |
+//! | `state` | keeping the published copy current; the one mutator token |
 //! | `server` | the socket handler: admission of `upgrade`, `status` |
 //! | `fetch` | artifact download (HTTPS, dispatch to OCI), streaming hash |
 //! | `oci` | OCI pull: manifest checks, anonymous token, blob redirects |
@@ -32,6 +33,7 @@ mod oci;
 mod probe;
 #[cfg(test)]
 mod prop_tests;
+mod published;
 mod reclaim;
 mod runas;
 mod seen;

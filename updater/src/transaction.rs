@@ -32,10 +32,11 @@ use crate::fault::{self, FaultPoint};
 use crate::fetch::{hash_file, Fetcher};
 use crate::journal::JournalWriteError;
 use crate::probe::probe;
+use crate::published::Step;
 use crate::reclaim;
 use crate::runas::RunAs;
 use crate::service::ServiceManager;
-use crate::state::{Mutator, Step};
+use crate::state::Mutator;
 
 /// Installed agents: root-owned, executable by everyone.
 const AGENT_MODE: u32 = 0o755;
