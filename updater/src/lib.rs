@@ -10,7 +10,8 @@
 //! | `published` | the copy of the state that `status` reads |
 //! | `state` | keeping the published copy current; the one mutator token |
 //! | `server` | the socket handler: admission of `upgrade`, `status` |
-//! | `fetch` | artifact download (HTTPS, dispatch to OCI), streaming hash |
+//! | `fetch` | artifact download: HTTPS, or dispatch to OCI |
+//! | `stream` | the streaming path of every download: limit, hash, write |
 //! | `oci` | OCI pull: manifest checks, anonymous token, blob redirects |
 //! | `probe` | the candidate's `--self-test` |
 //! | `service` | stop/start of the agent: systemctl or the supervisor |
@@ -42,6 +43,7 @@ mod service;
 pub mod setup;
 mod state;
 mod status;
+mod stream;
 mod transaction;
 
 pub use config::TEST_BOUNDS_ENV;

@@ -34,7 +34,7 @@ use fleet_common::limits::{MAX_BLOB_REDIRECTS, MAX_MANIFEST_BYTES, MAX_TOKEN_RES
 use fleet_common::validate::{OciReference, OciTarget, Sha256Hex};
 use serde::Deserialize;
 
-use crate::fetch::{describe_io, stream_verified, Fetched, StreamError, TRANSPORT_HINTS};
+use crate::stream::{describe_io, stream_verified, Fetched, StreamError, TRANSPORT_HINTS};
 
 /// Longest redirect `Location` or token realm followed: presigned CDN URLs
 /// run past a kilobyte, none is near this.
