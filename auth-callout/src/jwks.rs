@@ -1,6 +1,7 @@
 //! The identity provider's signing keys: parsing a JWKS (RFC 7517) into the
 //! keys the callout can verify with (RSA of 2048 to 8192 bits for RS256, EC
-//! P-256 for ES256), and a cache that fetches it over HTTPS.
+//! P-256 for ES256) and the [`Algorithm`] each verifies, and a cache that
+//! fetches it over HTTPS.
 //!
 //! Cache rules: keys are looked up by `kid`. An unknown `kid`, or a set older
 //! than `max_age`, triggers a refetch, at most once per `min_refetch` (an
@@ -19,7 +20,6 @@ use fleet_common::limits::{MAX_JWKS_BYTES, MAX_JWKS_KEYS};
 use serde_json::Value;
 
 use crate::https::{self, HttpsError};
-use crate::jwt::Algorithm;
 use crate::strict_json::{self, StrictJsonError};
 
 /// Longest `kid` kept.
@@ -29,6 +29,32 @@ const RSA_MIN_MODULUS_BYTES: usize = 256;
 const RSA_MAX_MODULUS_BYTES: usize = 1024;
 /// RSA public exponent bound in bytes.
 const RSA_MAX_EXPONENT_BYTES: usize = 8;
+
+/// The signature algorithms accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// RSASSA-PKCS1-v1_5 with SHA-256.
+    Rs256,
+    /// ECDSA P-256 with SHA-256.
+    Es256,
+}
+
+impl Algorithm {
+    pub fn parse(alg: &str) -> Option<Self> {
+        match alg {
+            "RS256" => Some(Self::Rs256),
+            "ES256" => Some(Self::Es256),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rs256 => "RS256",
+            Self::Es256 => "ES256",
+        }
+    }
+}
 
 /// A public key the callout can verify with.
 #[derive(Debug, Clone, PartialEq, Eq)]

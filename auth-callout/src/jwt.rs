@@ -26,34 +26,8 @@ use ring::signature::{
 };
 use serde_json::{Map, Value};
 
-use crate::jwks::{Jwk, KeyError, PublicKey};
+use crate::jwks::{Algorithm, Jwk, KeyError, PublicKey};
 use crate::strict_json::{self, StrictJsonError};
-
-/// The signature algorithms accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algorithm {
-    /// RSASSA-PKCS1-v1_5 with SHA-256.
-    Rs256,
-    /// ECDSA P-256 with SHA-256.
-    Es256,
-}
-
-impl Algorithm {
-    pub fn parse(alg: &str) -> Option<Self> {
-        match alg {
-            "RS256" => Some(Self::Rs256),
-            "ES256" => Some(Self::Es256),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Rs256 => "RS256",
-            Self::Es256 => "ES256",
-        }
-    }
-}
 
 /// Header `typ` values accepted (compared case-insensitively); absent is
 /// accepted too.

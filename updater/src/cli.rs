@@ -14,8 +14,8 @@ use fleet_common::{socket, Layout};
 
 use crate::daemon::RunArgs;
 use crate::journal::JournalStore;
+use crate::published::{Live, Published};
 use crate::service::ManagerKind;
-use crate::state::{Live, Published};
 use crate::status::{self, StatusInfo};
 
 pub const HELP: &str = "fleet-updater: replaces the fleet agent through a crash-safe transaction

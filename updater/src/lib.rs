@@ -7,9 +7,11 @@
 //! | `daemon` | start-up order: journal, recovery, socket, `READY=1` |
 //! | `transaction` | prepare, probe, cutover, rollback, the recovery table |
 //! | `journal` | loading and writing the durable journal |
-//! | `state` | the published status copy and the one mutator token |
+//! | `published` | the copy of the state that `status` reads |
+//! | `state` | keeping the published copy current; the one mutator token |
 //! | `server` | the socket handler: admission of `upgrade`, `status` |
-//! | `fetch` | artifact download (HTTPS, dispatch to OCI), streaming hash |
+//! | `fetch` | artifact download: HTTPS, or dispatch to OCI |
+//! | `stream` | the streaming path of every download: limit, hash, write |
 //! | `oci` | OCI pull: manifest checks, anonymous token, blob redirects |
 //! | `probe` | the candidate's `--self-test` |
 //! | `service` | stop/start of the agent: systemctl or the supervisor |
@@ -32,6 +34,7 @@ mod oci;
 mod probe;
 #[cfg(test)]
 mod prop_tests;
+mod published;
 mod reclaim;
 mod runas;
 mod seen;
@@ -40,6 +43,7 @@ mod service;
 pub mod setup;
 mod state;
 mod status;
+mod stream;
 mod transaction;
 
 pub use config::TEST_BOUNDS_ENV;

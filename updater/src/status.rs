@@ -26,7 +26,7 @@ use fleet_common::contracts::{
 use fleet_common::validate::BoundedText;
 use fleet_common::Timestamp;
 
-use crate::state::{Published, Step};
+use crate::published::{Published, Step};
 
 /// Facts about this boot and unit, fixed at start.
 #[derive(Debug, Clone)]
@@ -255,7 +255,7 @@ pub fn render(status: Option<&UpgradeStatus>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Live;
+    use crate::published::Live;
     use fleet_common::contracts::{AgentUpgradeAttempt, Bounded, Journal};
     use fleet_common::validate::*;
 

@@ -29,13 +29,15 @@ use fleet_common::{Layout, Timestamp};
 
 use crate::config::Bounds;
 use crate::fault::{self, FaultPoint};
-use crate::fetch::{hash_file, Fetcher};
+use crate::fetch::Fetcher;
 use crate::journal::JournalWriteError;
 use crate::probe::probe;
+use crate::published::Step;
 use crate::reclaim;
 use crate::runas::RunAs;
 use crate::service::ServiceManager;
-use crate::state::{Mutator, Step};
+use crate::state::Mutator;
+use crate::stream::hash_file;
 
 /// Installed agents: root-owned, executable by everyone.
 const AGENT_MODE: u32 = 0o755;

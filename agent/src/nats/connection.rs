@@ -20,18 +20,19 @@
 //! the user the auth callout issues expires with it, the server then
 //! closes the connection, and the crate's own reconnect presents the old
 //! token again (its token is fixed when the connection is made; the crate
-//! has no token callback). So the daemon's connection is a [`Link`] that
+//! has no token callback). So the daemon's connection is a link
+//! ([`super::link`]) that
 //! the renewer thread (`agent-nats-renew`, [`super::renew`]) replaces:
 //!
 //! 1. at the token's refresh time (a quarter of its life before expiry),
 //!    it gets a fresh token and opens a new link with it;
 //! 2. when the current link is lost for good (the crate gives up after
-//!    [`BEARER_CRATE_RECONNECTS`] attempts per server: the token refused or
+//!    [`super::state::BEARER_CRATE_RECONNECTS`] attempts per server: the token refused or
 //!    expired, or the servers down), it opens a new link with the kept
 //!    token while that is valid, else (and always after a refusal) a new one;
 //! 3. it makes the new link current and bumps the generation, so every
 //!    watcher starts over on it exactly as after a reconnect; requests in
-//!    flight on the old link finish (at most [`RETIRE_WAIT`]) before it is
+//!    flight on the old link finish (at most [`super::link::RETIRE_WAIT`]) before it is
 //!    closed.
 //!
 //! A failed token request or connection attempt is retried after a growing
@@ -40,193 +41,29 @@
 
 use std::fmt;
 use std::io;
-use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
-use std::thread::{self, JoinHandle};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fleet_common::limits::{NATS_CONNECT_ATTEMPT_TIMEOUT, NATS_REQUEST_TIMEOUT};
+use fleet_common::limits::NATS_CONNECT_ATTEMPT_TIMEOUT;
 use fleet_common::validate::DeviceId;
 
-use super::inbox::{Inbox, RequestError};
-use super::options::{is_auth_message, options};
+use super::inbox::RequestError;
+use super::link::{close_bounded, open_link, LinkError, Shared, CLOSE_TIMEOUT};
 use super::renew::Renewer;
+use super::state::{ConnState, Params, Pings, Reconnect};
 use crate::config::{NatsAuth, NatsConfig};
-use crate::oauth::{AccessToken, TokenClient, TokenError, TokenSource};
+use crate::oauth::{TokenClient, TokenError, TokenSource};
 use crate::shutdown::Shutdown;
 
 /// First delay between connection attempts at start; doubles up to
 /// [`MAX_RETRY_DELAY`].
 const FIRST_RETRY_DELAY: Duration = Duration::from_secs(1);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(15);
-/// Bound on closing the connection.
-pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
-/// Stack of the short-lived thread running one connection attempt.
-const CONNECT_THREAD_STACK_BYTES: usize = 256 * 1024;
-/// Reconnect attempts per server the crate makes on a bearer-token link
-/// before it closes it and leaves the next connection to the renewer. A
-/// refused token fails each attempt at once, so the renewer takes over
-/// within a second; a server that is down gets the same attempts from the
-/// renewer, with a fresh token when needed.
-pub const BEARER_CRATE_RECONNECTS: usize = 3;
-/// Requests in flight on a replaced link finish within their own bound.
-pub const RETIRE_WAIT: Duration = NATS_REQUEST_TIMEOUT;
 /// How long closing waits for the renewer (it may be inside a bounded
 /// token request or connection attempt; process exit ends it then).
 const RENEWER_JOIN_TIMEOUT: Duration = Duration::from_millis(200);
-
-/// What the client does when the connection drops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reconnect {
-    /// The daemon: reconnect forever (with a bearer token: through the
-    /// renewer, with fresh tokens).
-    Forever,
-    /// Probe mode: after a drop each server is tried once more, then the
-    /// connection closes and the probe fails. (The crate counts the first
-    /// connection as an attempt too, so this is its `max_reconnects(1)`.)
-    Once,
-}
-
-/// What the renewer is woken for.
-#[derive(Debug, Default)]
-pub(super) struct Events {
-    /// The highest link id whose connection closed (the crate stopped
-    /// reconnecting); the current link is lost when it is its id.
-    pub(super) lost: u64,
-    /// The server refused or expired the current link's credentials.
-    pub(super) refused: bool,
-    /// [`Nats::close`]: stop.
-    pub(super) stop: bool,
-}
-
-/// Connection events, updated by the client's callbacks. Only the
-/// callbacks of the current link count; a replaced link's are ignored.
-#[derive(Debug, Default)]
-pub struct ConnState {
-    pub(super) generation: AtomicU64,
-    pub(super) connected: AtomicBool,
-    /// Set by [`Nats::close`]: the disconnect that follows is expected.
-    pub(super) closing: AtomicBool,
-    /// When the connection was lost; `None` while connected.
-    disconnected_at: Mutex<Option<Instant>>,
-    /// The id of the current [`Link`] (0: none yet).
-    pub(super) current: AtomicU64,
-    /// The id of the last link made.
-    last_link: AtomicU64,
-    last_server_error: Mutex<Option<String>>,
-    events: Mutex<Events>,
-    pub(super) wake: Condvar,
-}
-
-impl ConnState {
-    pub(super) fn set_error(&self, e: String) {
-        *self
-            .last_server_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(e);
-    }
-
-    /// Records the connection going up or down; the time of loss is kept
-    /// from the first disconnect until the connection is back.
-    pub(super) fn set_connected(&self, up: bool) {
-        let was_up = self.connected.swap(up, Ordering::SeqCst);
-        let mut at = self
-            .disconnected_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if up {
-            *at = None;
-        } else if was_up || at.is_none() {
-            *at = Some(Instant::now());
-        }
-    }
-
-    /// The last asynchronous error the server sent (a permissions
-    /// violation, for instance), taken.
-    pub fn take_server_error(&self) -> Option<String> {
-        self.last_server_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-    }
-
-    pub(super) fn is_current(&self, link: u64) -> bool {
-        self.current.load(Ordering::SeqCst) == link
-    }
-
-    fn next_link_id(&self) -> u64 {
-        self.last_link.fetch_add(1, Ordering::SeqCst) + 1
-    }
-
-    pub(super) fn events(&self) -> MutexGuard<'_, Events> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn signal(&self, f: impl FnOnce(&mut Events)) {
-        f(&mut self.events());
-        self.wake.notify_all();
-    }
-}
-
-/// One connection and the inbox on it.
-pub(super) struct Link {
-    pub(super) id: u64,
-    /// Never dropped while it may still be running: dropping the crate's
-    /// last handle leaves its thread reconnecting while no server answers
-    /// (its reconnect loop does not check for close). [`Nats::close`] and
-    /// the renewer close it with a bound instead, and process exit
-    /// releases the socket.
-    pub(super) conn: ManuallyDrop<nats::Connection>,
-    pub(super) inbox: Inbox,
-    /// When to replace it with one on a fresh token (bearer tokens only).
-    pub(super) renew_at: Option<Instant>,
-}
-
-impl fmt::Debug for Link {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Link")
-            .field("id", &self.id)
-            .field("renew_at", &self.renew_at)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The NATS client's PINGs (`intervals.ping-secs`,
-/// `intervals.ping-max-outstanding`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pings {
-    /// A PING after this long without a word from the server, and between
-    /// unanswered ones.
-    pub interval: Duration,
-    /// Unanswered PINGs before the connection is taken as dead.
-    pub max_out: u8,
-}
-
-/// What every link of one agent is made from.
-pub(super) struct Params {
-    pub(super) cfg: NatsConfig,
-    pub(super) device: DeviceId,
-    pub(super) mode: Reconnect,
-    pub(super) pings: Pings,
-    /// The identity provider's tokens (`oauth2-client-credentials` only).
-    pub(super) tokens: Option<TokenSource>,
-    pub(super) servers: String,
-}
-
-/// What the agent's threads and the renewer share.
-pub(super) struct Shared {
-    pub(super) params: Params,
-    pub(super) state: Arc<ConnState>,
-    pub(super) link: RwLock<Arc<Link>>,
-}
-
-impl Shared {
-    pub(super) fn link(&self) -> Arc<Link> {
-        Arc::clone(&self.link.read().unwrap_or_else(|p| p.into_inner()))
-    }
-}
 
 /// The connection every thread of the agent shares.
 pub struct Nats {
@@ -406,93 +243,6 @@ impl fmt::Display for NatsError {
 }
 
 impl std::error::Error for NatsError {}
-
-/// One connection attempt for link `link`, bounded by `timeout`. An attempt
-/// that outlives its bound is abandoned: its thread ends when the crate
-/// gives up, and a late connection is dropped (closed) because nobody
-/// receives it.
-fn attempt(
-    p: &Params,
-    state: &Arc<ConnState>,
-    token: Option<&AccessToken>,
-    link: u64,
-    timeout: Duration,
-) -> io::Result<nats::Connection> {
-    let opts = options(p, state, token, link);
-    let servers = p.cfg.servers.join(",");
-    let (tx, rx) = mpsc::sync_channel(1);
-    thread::Builder::new()
-        .name("agent-nats-connect".into())
-        .stack_size(CONNECT_THREAD_STACK_BYTES)
-        .spawn(move || {
-            let _ = tx.send(opts.connect(servers.as_str()));
-        })?;
-    match rx.recv_timeout(timeout) {
-        Ok(r) => r,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("no answer within {} s", timeout.as_secs()),
-        )),
-    }
-}
-
-/// Why one try at a link failed.
-pub(super) enum LinkError {
-    /// No token from the identity provider.
-    Token(TokenError),
-    /// The server refused the credentials.
-    Auth(io::Error),
-    Other(io::Error),
-}
-
-impl fmt::Display for LinkError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Token(e) => write!(f, "{e}"),
-            Self::Auth(e) | Self::Other(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-/// Connects a new link with `token` (when the method uses one) within
-/// `timeout` and starts its inbox.
-pub(super) fn open_link(
-    p: &Params,
-    state: &Arc<ConnState>,
-    token: Option<AccessToken>,
-    timeout: Duration,
-) -> Result<Link, LinkError> {
-    let id = state.next_link_id();
-    let conn = attempt(p, state, token.as_ref(), id, timeout).map_err(|e| {
-        if is_auth_message(&e.to_string()) {
-            LinkError::Auth(e)
-        } else {
-            LinkError::Other(e)
-        }
-    })?;
-    let inbox = match Inbox::start(&conn, &p.device) {
-        Ok(i) => i,
-        Err(e) => {
-            close_bounded(conn);
-            return Err(LinkError::Other(io::Error::new(
-                e.kind(),
-                format!("subscribing to the device inbox: {e}"),
-            )));
-        }
-    };
-    Ok(Link {
-        id,
-        conn: ManuallyDrop::new(conn),
-        inbox,
-        renew_at: token.map(|t| t.refresh_at),
-    })
-}
-
-/// Closes `conn` on a helper thread within [`CLOSE_TIMEOUT`]; false when it
-/// did not close (it is then left to process exit).
-pub(super) fn close_bounded(conn: nats::Connection) -> bool {
-    crate::threads::call_within("agent-nats-close", CLOSE_TIMEOUT, move || conn.close()).is_some()
-}
 
 /// Connects within `window`, each attempt bounded to 15 s; see the module
 /// documentation.

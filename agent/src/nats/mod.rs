@@ -5,8 +5,10 @@
 //!
 //! - [`connection`]: connecting (15 s per attempt, retried over a window),
 //!   reconnect tracking, and the [`Nats`] handle every thread shares;
-//!   `options` builds the client's options and callbacks, `renew` replaces
-//!   bearer-token links.
+//!   below it `renew` replaces bearer-token links, `link` opens and closes
+//!   one link, `options` builds the client's options and callbacks, and
+//!   `state` holds what a connection is made of and what its callbacks
+//!   report.
 //! - [`inbox`]: request/reply over one `_INBOX.<device>.<random>.*`
 //!   subscription, with a dispatcher thread routing replies to callers.
 //! - [`direct`]: reading one key of this device with Direct Get in the
@@ -20,11 +22,14 @@ pub mod connection;
 pub mod direct;
 pub mod inbox;
 pub mod kv;
+mod link;
 mod options;
 mod renew;
+mod state;
 pub mod watch;
 
-pub use connection::{connect, Nats, NatsError, Pings, Reconnect};
+pub use connection::{connect, Nats, NatsError};
 pub use direct::{read_key, KeyRead};
 pub use kv::PublishError;
+pub use state::{Pings, Reconnect};
 pub use watch::{WatchEvent, WatchHandle, Watcher};

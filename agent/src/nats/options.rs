@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::connection::{ConnState, Params, Reconnect, BEARER_CRATE_RECONNECTS};
+use super::state::{ConnState, Params, Reconnect, BEARER_CRATE_RECONNECTS};
 use crate::config::NatsAuth;
 use crate::oauth::AccessToken;
 

@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 
 use fleet_common::limits::NATS_CONNECT_ATTEMPT_TIMEOUT;
 
-use super::connection::{
-    close_bounded, open_link, Link, LinkError, Shared, CLOSE_TIMEOUT, RETIRE_WAIT,
-};
+use super::link::{close_bounded, open_link, Link, LinkError, Shared, CLOSE_TIMEOUT, RETIRE_WAIT};
 use super::options::with_jitter;
 
 /// First and longest delay between failed renewals (token or connection).

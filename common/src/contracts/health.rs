@@ -15,7 +15,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::workload::SpecError;
+use super::spec_error::SpecError;
 use crate::time::Timestamp;
 use crate::validate::{BoundedText, Sha256Hex, WorkloadName};
 

@@ -12,6 +12,7 @@ mod operator;
 mod release;
 mod seen;
 mod selftest;
+mod spec_error;
 mod status;
 mod traffic;
 mod workload;
@@ -52,6 +53,7 @@ pub use seen::{
     AttemptBinding, AttemptBindings, AttemptOutcome, BindError, SeenAttempt, SeenAttempts,
 };
 pub use selftest::{SelfTestCheck, SelfTestReport};
+pub use spec_error::SpecError;
 pub use status::{
     FieldExcerpt, IntentRef, IntentRule, RefusalReason, RefusedIntent, StatusTransition,
     UpgradePhase, UpgradeReason, UpgradeReport, UpgradeStatus,
@@ -59,6 +61,6 @@ pub use status::{
 pub use traffic::{TrafficCounters, TrafficDay, TrafficReport, TCP_IPV4_HEADER_BYTES};
 pub use workload::{
     AppliedSpecs, DesiredWorkloads, DesiredWorkloadsRaw, ImageRef, PortMapping, Protocol,
-    PullPolicy, RestartPolicy, SpecError, SpecParseError, VolumeMount, WorkloadSpec, WorkloadState,
+    PullPolicy, RestartPolicy, SpecParseError, VolumeMount, WorkloadSpec, WorkloadState,
     WorkloadStatus, WorkloadsReport, SPEC_FIELDS_SINCE,
 };

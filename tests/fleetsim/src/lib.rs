@@ -298,7 +298,7 @@ pub fn raise_nofile(want: u64) -> u64 {
     getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }
 
-/// The agent's reconnect delay (agent/src/nats/connection.rs
+/// The agent's reconnect delay (agent/src/nats/options.rs
 /// `reconnect_delay`): none before the first attempt, then 100 ms doubling
 /// to 5 s, plus up to a quarter more at random (`r` in 0..=u64::MAX).
 pub fn reconnect_delay(attempts: usize, r: u64) -> Duration {

@@ -28,95 +28,41 @@
 //! the container is dropped, and, like containers, when its owning test
 //! process is gone.
 
-use std::fs::File;
+mod image;
+mod owner;
+mod tmpfs;
+mod util;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fleet_common::process::{run_bounded, Output};
-use sha2::{Digest, Sha256};
 
 use crate::podman::busybox_rootfs_tar;
-use crate::{poll_until, require_tool};
+use crate::poll_until;
 
-/// Repository of the cached image; the tag is `bookworm-<recipe hash>`.
-pub const SYSTEMD_IMAGE_REPO: &str = "localhost/fleet-test/systemd";
-/// The Debian suite of the image.
-const SUITE: &str = "bookworm";
-/// Used when no apt source for the suite is found on the host.
-const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
-/// Packages on top of minbase: systemd as init, the rootless Podman stack
-/// the agent uses (`podman`, `uidmap`, `slirp4netns`, `fuse-overlayfs`, a
-/// user bus for the lingering user manager), `procps` and `socat` for
-/// tests.
-const INCLUDE: &[&str] = &[
-    "systemd",
-    "systemd-sysv",
-    "dbus",
-    "dbus-user-session",
-    "libpam-systemd",
-    "ca-certificates",
-    "podman",
-    // debootstrap does not resolve virtual packages: podman's
-    // container-network-stack and its runtime alternative, named.
-    "containernetworking-plugins",
-    "crun",
-    "conmon",
-    "uidmap",
-    "slirp4netns",
-    "fuse-overlayfs",
-    "procps",
-    // A client for the local sockets (the updater's, the agent's).
-    "socat",
-    // The packaging tests: `man fleetctl` after installing, and the .rpm
-    // installed by rpm itself (there is no RPM-based image offline).
-    "man-db",
-    "rpm",
-];
-/// Files added to the rootfs before the import: (path, mode, content).
-const EXTRA_FILES: &[(&str, u32, &str)] = &[
-    // Debian's udev gives these 0666; the container's /dev has them 0600.
-    // slirp4netns and fuse-overlayfs open them as the rootless user.
-    (
-        "etc/tmpfiles.d/fleet-test-devices.conf",
-        0o644,
-        "z /dev/net/tun 0666 - - -\nz /dev/fuse 0666 - - -\n",
-    ),
-    ("etc/hostname", 0o644, "fleet-device\n"),
-];
+use image::SharedPodman;
+pub use image::{apt_mirror, cache_dir, SYSTEMD_IMAGE_REPO};
+use owner::{owner_id, OWNER_LABEL};
+use tmpfs::HostTmpfs;
+use util::{lock, MAX_OUTPUT, PODMAN_TIMEOUT};
 
-/// Default cache dir; `FLEET_TEST_CACHE` overrides it.
-const DEFAULT_CACHE_DIR: &str = "/var/cache/fleet-test";
-/// Runtime state of the shared Podman (lost on a host reboot, as it should).
-const RUN_DIR: &str = "/run/fleet-test";
-
-/// debootstrap downloads about 120 MB; on a slow mirror this is generous.
-const DEBOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(15 * 60);
-/// `podman import` of the ~400 MB rootfs (measured ~10 s).
-const IMPORT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
-/// One podman call of the harness (run, cp, kill, rm).
-const PODMAN_TIMEOUT: Duration = Duration::from_secs(120);
 /// One command run in the container by [`SystemdContainer::exec`].
 pub const EXEC_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// systemd reaching `running` or `degraded` after `podman run` (< 2 s here).
 const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// A clean shutdown (`podman stop`, SIGRTMIN+3 to systemd).
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(90);
-/// Output kept from one command.
-const MAX_OUTPUT: usize = 16 * 1024 * 1024;
+
 /// Where [`SystemdContainer::trust_artifact_ca`] puts the CA.
 const ARTIFACT_CA: &str = "/etc/harmony-fleet/artifact-ca.pem";
+
 /// Lines of a unit's journal shown in a panic message.
 const JOURNAL_LINES_IN_PANIC: &str = "200";
-
-/// The cache dir: `$FLEET_TEST_CACHE` or `/var/cache/fleet-test`.
-pub fn cache_dir() -> PathBuf {
-    std::env::var_os("FLEET_TEST_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE_DIR))
-}
 
 /// The agent's side of a device in the container: who it is, its NATS
 /// server (the host's loopback), and whether it runs rootless Podman
@@ -144,6 +90,7 @@ impl AgentSettings {
 
 /// Where [`SystemdContainer::configure_agent`] writes.
 const AGENT_CONFIG: &str = "/etc/harmony-fleet/agent.json";
+
 const NATS_PASSWORD_FILE: &str = "/etc/harmony-fleet/nats-password";
 
 /// What one command in the container left.
@@ -160,348 +107,6 @@ impl ExecOutput {
     }
 }
 
-/// The Podman instance all systemd containers of this machine share.
-#[derive(Debug)]
-struct SharedPodman {
-    binary: PathBuf,
-    root: PathBuf,
-    runroot: PathBuf,
-    tmp: PathBuf,
-    containers_conf: PathBuf,
-    storage_conf: PathBuf,
-    image: String,
-}
-
-impl SharedPodman {
-    /// The instance, its image built; a failure is kept, so the other tests
-    /// of the process fail at once with it instead of building again.
-    fn get() -> &'static SharedPodman {
-        static SHARED: OnceLock<Result<SharedPodman, String>> = OnceLock::new();
-        let shared = SHARED.get_or_init(|| {
-            std::panic::catch_unwind(|| {
-                let p = SharedPodman::configure();
-                p.remove_orphans();
-                p.ensure_image();
-                p
-            })
-            .map_err(|panic| {
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "unknown panic".to_owned())
-            })
-        });
-        match shared {
-            Ok(p) => p,
-            Err(e) => panic!("the systemd test image is unavailable: {e}"),
-        }
-    }
-
-    fn configure() -> SharedPodman {
-        let binary = require_tool("podman", "podman");
-        let runc = require_tool("runc", "runc");
-        let cache = cache_dir();
-        let run = PathBuf::from(RUN_DIR);
-        let p = SharedPodman {
-            binary,
-            root: cache.join("podman/root"),
-            runroot: run.join("runroot"),
-            tmp: run.join("tmp"),
-            containers_conf: cache.join("podman/containers.conf"),
-            storage_conf: cache.join("podman/storage.conf"),
-            image: format!("{SYSTEMD_IMAGE_REPO}:{SUITE}-{}", recipe_hash()),
-        };
-        for dir in [&p.root, &p.runroot, &p.tmp] {
-            create_dir_all(dir);
-        }
-        let conf = format!(
-            "[containers]\n\
-             default_ulimits = [\"nofile=20000:20000\", \"nproc=32768:32768\"]\n\
-             [engine]\n\
-             runtime = \"runc\"\n\
-             cgroup_manager = \"cgroupfs\"\n\
-             events_logger = \"file\"\n\
-             lock_type = \"file\"\n\
-             tmp_dir = {}\n\
-             [engine.runtimes]\n\
-             runc = [{}]\n",
-            toml_string(&p.tmp),
-            toml_string(&runc),
-        );
-        let storage = format!(
-            "[storage]\ndriver = \"overlay\"\ngraphroot = {}\nrunroot = {}\n",
-            toml_string(&p.root),
-            toml_string(&p.runroot),
-        );
-        // Concurrent processes write the same bytes; a rename keeps every
-        // reader from seeing a half-written file.
-        write_atomic(&p.containers_conf, conf.as_bytes());
-        write_atomic(&p.storage_conf, storage.as_bytes());
-        p
-    }
-
-    fn command(&self) -> Command {
-        let mut cmd = Command::new(&self.binary);
-        cmd.arg("--root")
-            .arg(&self.root)
-            .arg("--runroot")
-            .arg(&self.runroot)
-            .arg("--tmpdir")
-            .arg(&self.tmp)
-            .env("CONTAINERS_CONF", &self.containers_conf)
-            .env("CONTAINERS_STORAGE_CONF", &self.storage_conf);
-        cmd
-    }
-
-    /// Runs podman with `args`; `Err(stderr)` when it fails.
-    fn try_run(&self, args: &[&str], timeout: Duration) -> Result<String, String> {
-        let mut cmd = self.command();
-        cmd.args(args);
-        let out = run_bounded(&mut cmd, timeout, MAX_OUTPUT).map_err(|e| e.to_string())?;
-        if out.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(format!(
-                "{}: {}",
-                fleet_common::process::describe_status(out.status),
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        self.try_run(args, PODMAN_TIMEOUT)
-            .unwrap_or_else(|e| panic!("podman {args:?} failed: {e}"))
-    }
-
-    /// Removes containers whose owning test process is gone (a test killed
-    /// before its Drop ran).
-    fn remove_orphans(&self) {
-        let out = self.run(&[
-            "ps",
-            "-a",
-            "--filter",
-            &format!("label={OWNER_LABEL}"),
-            "--format",
-            &format!("{{{{.Names}}}} {{{{index .Labels \"{OWNER_LABEL}\"}}}}"),
-        ]);
-        for line in out.lines() {
-            let mut parts = line.split_whitespace();
-            let (Some(name), Some(owner)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            if !owner_alive(owner) {
-                let _ = self.try_run(&["rm", "-f", "-t", "0", name], PODMAN_TIMEOUT);
-            }
-        }
-        // Their small state filesystems, once no container uses them.
-        HostTmpfs::remove_orphans();
-    }
-
-    /// Builds the image unless it exists; one process at a time.
-    fn ensure_image(&self) {
-        if self.image_exists() {
-            return;
-        }
-        let lock_path = cache_dir().join("systemd-image.lock");
-        let lock = File::create(&lock_path)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", lock_path.display()));
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-            .unwrap_or_else(|e| panic!("cannot lock {}: {e}", lock_path.display()));
-        // Another process may have built it while this one waited.
-        if !self.image_exists() {
-            self.build_image();
-        }
-        // The lock is released when `lock` closes.
-    }
-
-    fn image_exists(&self) -> bool {
-        let mut cmd = self.command();
-        cmd.args(["image", "exists", &self.image]);
-        run_bounded(&mut cmd, PODMAN_TIMEOUT, MAX_OUTPUT)
-            .map(|o| o.success())
-            .unwrap_or(false)
-    }
-
-    fn build_image(&self) {
-        let debootstrap = require_tool("debootstrap", "debootstrap");
-        let started = Instant::now();
-        let work = tempfile::Builder::new()
-            .prefix("systemd-image-")
-            .tempdir_in(cache_dir())
-            .unwrap_or_else(|e| {
-                panic!("cannot create a temp dir in {}: {e}", cache_dir().display())
-            });
-        let rootfs = work.path().join("rootfs");
-        let mirror = apt_mirror();
-        let mut cmd = Command::new(debootstrap);
-        cmd.arg("--variant=minbase")
-            .arg(format!("--include={}", INCLUDE.join(",")))
-            .arg(SUITE)
-            .arg(&rootfs)
-            .arg(&mirror);
-        check(
-            &format!("debootstrap {SUITE} from {mirror}"),
-            run_bounded(&mut cmd, DEBOOTSTRAP_TIMEOUT, MAX_OUTPUT),
-        );
-        for (path, mode, content) in EXTRA_FILES {
-            let p = rootfs.join(path);
-            write_file(&p, content.as_bytes());
-            set_mode(&p, *mode);
-        }
-        // Downloaded .debs are not needed in the image.
-        let archives = rootfs.join("var/cache/apt/archives");
-        if let Ok(entries) = std::fs::read_dir(&archives) {
-            for e in entries.flatten() {
-                if e.path().extension().is_some_and(|x| x == "deb") {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
-        let tar = work.path().join("rootfs.tar");
-        let mut cmd = Command::new("tar");
-        cmd.arg("-C").arg(&rootfs).arg("-cf").arg(&tar).arg(".");
-        check(
-            "tar of the rootfs",
-            run_bounded(&mut cmd, IMPORT_TIMEOUT, MAX_OUTPUT),
-        );
-        self.try_run(
-            &["import", "--quiet", &tar.to_string_lossy(), &self.image],
-            IMPORT_TIMEOUT,
-        )
-        .unwrap_or_else(|e| panic!("podman import {}: {e}", self.image));
-        // Images of older recipes are dead weight (one in use by a running
-        // container of another process stays: rmi refuses it).
-        if let Ok(list) = self.try_run(
-            &[
-                "images",
-                "--format",
-                "{{.Repository}}:{{.Tag}}",
-                "--filter",
-                &format!("reference={SYSTEMD_IMAGE_REPO}"),
-            ],
-            PODMAN_TIMEOUT,
-        ) {
-            for old in list.lines().map(str::trim).filter(|i| *i != self.image) {
-                let _ = self.try_run(&["rmi", old], PODMAN_TIMEOUT);
-            }
-        }
-        eprintln!(
-            "harness: built {} in {:.0?} (cached in {})",
-            self.image,
-            started.elapsed(),
-            cache_dir().display()
-        );
-    }
-}
-
-/// Label naming the test process that owns a container: `<pid>:<start time>`.
-const OWNER_LABEL: &str = "fleet-test.owner";
-
-/// This process as `<pid>:<start time in clock ticks since boot>` (a pid
-/// alone may be reused).
-fn owner_id() -> String {
-    let pid = std::process::id();
-    format!("{pid}:{}", start_time(pid).unwrap_or_default())
-}
-
-fn owner_alive(owner: &str) -> bool {
-    let Some((pid, start)) = owner.split_once(':') else {
-        return false;
-    };
-    let Ok(pid) = pid.parse::<u32>() else {
-        return false;
-    };
-    start_time(pid).is_some_and(|s| s == start)
-}
-
-/// Field 22 of /proc/<pid>/stat (after the parenthesised command name).
-fn start_time(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(19).map(str::to_owned)
-}
-
-/// The Debian mirror apt uses for the suite here (deb822 `.sources` files or
-/// `sources.list`), else deb.debian.org.
-pub fn apt_mirror() -> String {
-    let mut candidates = Vec::new();
-    if let Ok(entries) = std::fs::read_dir("/etc/apt/sources.list.d") {
-        let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
-        paths.sort();
-        for p in paths {
-            if p.extension().is_some_and(|x| x == "sources") {
-                candidates.extend(mirrors_in_deb822(
-                    &std::fs::read_to_string(&p).unwrap_or_default(),
-                ));
-            } else if p.extension().is_some_and(|x| x == "list") {
-                candidates.extend(mirrors_in_list(
-                    &std::fs::read_to_string(&p).unwrap_or_default(),
-                ));
-            }
-        }
-    }
-    candidates.extend(mirrors_in_list(
-        &std::fs::read_to_string("/etc/apt/sources.list").unwrap_or_default(),
-    ));
-    candidates
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| DEFAULT_MIRROR.to_owned())
-}
-
-/// URIs of deb822 stanzas of type `deb` for [`SUITE`] (not its -updates or
-/// -security suites).
-fn mirrors_in_deb822(text: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for stanza in text.split("\n\n") {
-        let field = |name: &str| {
-            stanza
-                .lines()
-                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()))
-                .unwrap_or_default()
-        };
-        let types = field("Types:");
-        let suites = field("Suites:");
-        if types.split_whitespace().any(|t| t == "deb")
-            && suites.split_whitespace().any(|s| s == SUITE)
-        {
-            found.extend(field("URIs:").split_whitespace().map(str::to_owned));
-        }
-    }
-    found
-}
-
-/// URIs of one-line `deb URI SUITE ...` entries.
-fn mirrors_in_list(text: &str) -> Vec<String> {
-    text.lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace().filter(|w| !w.starts_with('['));
-            (words.next()? == "deb").then_some(())?;
-            let uri = words.next()?;
-            (words.next()? == SUITE).then(|| uri.to_owned())
-        })
-        .collect()
-}
-
-/// The recipe: a change in it builds a new image.
-fn recipe_hash() -> String {
-    let mut h = Sha256::new();
-    h.update(SUITE);
-    for p in INCLUDE {
-        h.update(p);
-        h.update([0]);
-    }
-    for (path, mode, content) in EXTRA_FILES {
-        h.update(path);
-        h.update(mode.to_le_bytes());
-        h.update(content);
-    }
-    let d = h.finalize();
-    d.iter().take(6).map(|b| format!("{b:02x}")).collect()
-}
-
 /// How [`SystemdContainer::boot_with`] sets up the device's disk.
 #[derive(Debug, Clone, Default)]
 pub struct BootOptions {
@@ -514,86 +119,6 @@ pub struct BootOptions {
 
 /// The device's state directory, the one [`BootOptions::small_state_fs_kib`] replaces.
 pub const STATE_DIR: &str = "/var/lib/harmony-fleet";
-/// Where the host-side filesystems of [`BootOptions`] are mounted, one
-/// directory `<owner pid>-<owner start time>-<n>` each.
-const STATE_FS_DIR: &str = "/run/fleet-test/state-fs";
-
-/// A tmpfs mounted on a host directory for one container; unmounted and
-/// its directory removed on drop (after the container is gone).
-#[derive(Debug)]
-struct HostTmpfs {
-    dir: PathBuf,
-}
-
-impl HostTmpfs {
-    fn mount(kib: u64) -> HostTmpfs {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        // No ':' in the name: podman's -v splits on it.
-        let dir = Path::new(STATE_FS_DIR).join(format!(
-            "{}-{}",
-            owner_id().replace(':', "-"),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        create_dir_all(&dir);
-        // From here a panic unmounts (if mounted) and removes the directory.
-        let fs = HostTmpfs { dir };
-        let data = std::ffi::CString::new(format!("size={kib}k,mode=0755"))
-            .unwrap_or_else(|e| panic!("tmpfs options: {e}"));
-        rustix::mount::mount(
-            "fleet-state",
-            &fs.dir,
-            "tmpfs",
-            rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
-            data.as_c_str(),
-        )
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot mount a {kib} KiB tmpfs on {}: {e} (the test needs root with CAP_SYS_ADMIN)",
-                fs.dir.display()
-            )
-        });
-        fs
-    }
-
-    /// Unmounts `dir` (detached when busy) and removes it; what fails is
-    /// said, not fatal.
-    fn remove(dir: &Path) {
-        if crate::podman::mounts_under(dir).iter().any(|m| m == dir) {
-            if let Err(e) = rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH) {
-                eprintln!("harness: cannot unmount {}: {e}", dir.display());
-            }
-        }
-        if let Err(e) = std::fs::remove_dir(dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                eprintln!("harness: cannot remove {}: {e}", dir.display());
-            }
-        }
-    }
-
-    /// Unmounts the filesystems whose owning test process is gone.
-    fn remove_orphans() {
-        let Ok(entries) = std::fs::read_dir(STATE_FS_DIR) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let mut parts = name.splitn(3, '-');
-            let owner = match (parts.next(), parts.next()) {
-                (Some(pid), Some(start)) => format!("{pid}:{start}"),
-                _ => continue,
-            };
-            if !owner_alive(&owner) {
-                Self::remove(&e.path());
-            }
-        }
-    }
-}
-
-impl Drop for HostTmpfs {
-    fn drop(&mut self) {
-        Self::remove(&self.dir);
-    }
-}
 
 /// A booted systemd container, removed on drop. See the module doc.
 #[derive(Debug)]
@@ -1144,11 +669,6 @@ fn exec_trailed(out: &Output, id: &str) -> Option<ExecOutput> {
     })
 }
 
-/// Locks `m`; a panic while holding it leaves plain data: still usable.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn exec_output(out: Output) -> ExecOutput {
     ExecOutput {
         code: out.status.code(),
@@ -1157,59 +677,12 @@ fn exec_output(out: Output) -> ExecOutput {
     }
 }
 
-fn check(what: &str, out: Result<Output, fleet_common::process::ProcessError>) {
-    match out {
-        Ok(o) if o.success() => {}
-        Ok(o) => panic!(
-            "{what} failed ({}):\n{}\n{}",
-            fleet_common::process::describe_status(o.status),
-            tail(&o.stdout),
-            tail(&o.stderr)
-        ),
-        Err(e) => panic!("{what}: {e}"),
-    }
-}
-
-/// The last 4 KiB of `b`.
-fn tail(b: &[u8]) -> String {
-    let s = String::from_utf8_lossy(b);
-    let start = s.len().saturating_sub(4096);
-    let start = (start..s.len())
-        .find(|i| s.is_char_boundary(*i))
-        .unwrap_or(s.len());
-    s[start..].to_owned()
-}
-
-fn toml_string(p: &Path) -> String {
-    format!("{:?}", p.to_string_lossy())
-}
-
-fn create_dir_all(p: &Path) {
-    std::fs::create_dir_all(p).unwrap_or_else(|e| panic!("cannot create {}: {e}", p.display()));
-}
-
-fn write_file(path: &Path, bytes: &[u8]) {
-    if let Some(parent) = path.parent() {
-        create_dir_all(parent);
-    }
-    std::fs::write(path, bytes).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    write_file(&tmp, bytes);
-    std::fs::rename(&tmp, path)
-        .unwrap_or_else(|e| panic!("cannot rename {} to {}: {e}", tmp.display(), path.display()));
-}
-
-fn set_mode(path: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .unwrap_or_else(|e| panic!("cannot chmod {}: {e}", path.display()));
-}
-
 #[cfg(test)]
 mod tests {
+    use super::image::{mirrors_in_deb822, mirrors_in_list};
+    use super::owner::owner_alive;
+    use super::tmpfs::STATE_FS_DIR;
+    use super::util::create_dir_all;
     use super::*;
 
     #[test]
