@@ -39,7 +39,7 @@ use fleet_common::validate::{AttemptUuid, DeviceId};
 use fleet_common::Timestamp;
 
 use crate::error::CtlError;
-use crate::fleet::{DeviceView, Keys, STALE_HEARTBEAT};
+use crate::fleet::{DeviceView, Keys};
 use crate::js::{self, is_wrong_last_sequence, kv, CasOutcome};
 use crate::labels::{self, Device};
 use crate::selector::Selector;
@@ -215,10 +215,7 @@ pub fn unavailable(d: &DeviceView, now: Timestamp) -> bool {
         (None, Some(s)) => !s.phase.is_terminal(),
         (None, None) => false,
     };
-    let stale = d
-        .heartbeat
-        .as_ref()
-        .is_none_or(|h| h.stopping.is_some() || now.since(h.at) > STALE_HEARTBEAT);
+    let stale = crate::fleet::heartbeat_stale(d.heartbeat.as_ref(), now);
     upgrading || stale
 }
 

@@ -13,7 +13,7 @@ use fleet_common::validate::DeviceId;
 use fleet_common::Timestamp;
 
 use crate::error::CtlError;
-use crate::fleet::{self, DeviceView, Keys, Scope, STALE_HEARTBEAT};
+use crate::fleet::{self, DeviceView, Keys, Scope};
 use crate::labels::{self, Device};
 use crate::selector::Selector;
 
@@ -159,10 +159,7 @@ pub fn group_line(group: &str, devices: &[&Device], now: Timestamp) -> String {
         {
             frozen += 1;
         }
-        if v.heartbeat
-            .as_ref()
-            .is_none_or(|h| h.stopping.is_some() || now.since(h.at) > STALE_HEARTBEAT)
-        {
+        if fleet::heartbeat_stale(v.heartbeat.as_ref(), now) {
             stale += 1;
         }
     }
