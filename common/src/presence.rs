@@ -107,15 +107,29 @@ pub struct ConnzConnection {
 }
 
 impl ConnzConnection {
-    /// The device this connection authenticated as: the JWT's name (the
-    /// callout's user, whose `authorized_user` is its key), else the static
-    /// user; never the client's own `name` (a device chooses that).
+    /// The device this connection authenticated as: the static user, or,
+    /// when the server names a user key there (a JWT user, as the auth
+    /// callout issues), the JWT's `name` (2.14 fills `name_tag` with the
+    /// account's name for a static user: never taken then). Never the
+    /// client's own `name`: a device chooses that.
     fn device(&self) -> Option<DeviceId> {
-        [&self.name_tag, &self.authorized_user]
-            .into_iter()
-            .flatten()
-            .find_map(|u| DeviceId::parse(u).ok())
+        match self.authorized_user.as_deref() {
+            Some(u) if !is_user_nkey(u) => DeviceId::parse(u).ok(),
+            _ => self
+                .name_tag
+                .as_deref()
+                .filter(|n| *n != crate::subjects::ACCOUNT_DEVICES)
+                .and_then(|n| DeviceId::parse(n).ok()),
+        }
     }
+}
+
+/// A user public nkey as the server prints it: `U` and 55 more base32.
+fn is_user_nkey(s: &str) -> bool {
+    s.len() == 56
+        && s.starts_with('U')
+        && s.bytes()
+            .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
 }
 
 /// A device connected now.
@@ -661,9 +675,10 @@ mod tests {
         let mut c = Collector::new(["n1".to_owned(), "n2".to_owned()]);
         c.answer(
             None,
-            br#"{"server":{"name":"n1"},"data":{"total":2,"offset":0,"connections":[
-                {"cid":1,"start":"2026-12-02T05:00:00Z","authorized_user":"UABC$notanid","name_tag":"dev1"},
-                {"cid":2,"start":"2026-12-02T05:00:00Z","name":"fleet-agent dev2"}]}}"#,
+            br#"{"server":{"name":"n1"},"data":{"total":3,"offset":0,"connections":[
+                {"cid":1,"start":"2026-12-02T05:00:00Z","authorized_user":"UCWBC5NBJIPCU5IGRQ2YTF4CJPSDW2OSWKCDJZCOZ7GIHCQGNZRTKHZ3","name_tag":"dev1"},
+                {"cid":2,"start":"2026-12-02T05:00:00Z","name":"fleet-agent dev2"},
+                {"cid":3,"start":"2026-12-02T05:00:00Z","authorized_user":"dev3","name_tag":"DEVICES"}]}}"#,
         );
         c.answer(
             None,
@@ -671,7 +686,8 @@ mod tests {
                 {"cid":9,"start":"2026-12-02T05:10:00Z","authorized_user":"dev1"}]}}"#,
         );
         let p = c.finish();
-        assert_eq!(p.online.len(), 1, "a client's own name is no identity");
+        assert_eq!(p.online.len(), 2, "a client's own name is no identity");
         assert_eq!(p.online[&id("dev1")].server, "n2");
+        assert_eq!(p.online[&id("dev3")].server, "n1");
     }
 }

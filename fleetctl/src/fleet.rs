@@ -15,6 +15,8 @@ use fleet_common::validate::{DeviceId, Version};
 use fleet_common::Timestamp;
 use serde::de::DeserializeOwned;
 
+use fleet_common::presence::Connection;
+
 use crate::error::CtlError;
 use crate::js::{self, KvEntry};
 
@@ -88,6 +90,9 @@ pub struct DeviceView {
     pub intent: Intent,
     /// Keys whose values could not be read, with why.
     pub unreadable: Vec<String>,
+    /// Its connection as the cluster sees it; None when the cluster gives
+    /// no presence (or it was not read: [`Keys::Upgrade`]).
+    pub connection: Option<Connection>,
 }
 
 impl DeviceView {
@@ -101,6 +106,7 @@ impl DeviceView {
             workloads: None,
             intent: Intent::default(),
             unreadable: Vec::new(),
+            connection: None,
         }
     }
 }
@@ -121,6 +127,14 @@ pub enum Keys {
     Upgrade,
     /// `info`, `upgrade` and `heartbeat`: a staged rollout's tick.
     Rollout,
+}
+
+impl Keys {
+    /// Whether presence is read with these keys (not for an upgrade
+    /// decision, which does not look at availability).
+    fn presence(self) -> bool {
+        matches!(self, Keys::All | Keys::Rollout)
+    }
 }
 
 fn filter(bucket: &str, scope: &Scope, key: &str) -> String {
@@ -201,7 +215,31 @@ pub fn read(
             .value
             .and_then(|b| parse(&b, INTENT_KEY, &mut v.unreadable));
     }
+    if keys.presence() {
+        let presence = crate::presence::read(conn)?;
+        for v in devices.values_mut() {
+            v.connection = presence.connection(&v.id, last_seen(v));
+        }
+    }
     Ok(devices)
+}
+
+/// The best known time a device was there: its last status write
+/// (heartbeat, or info when it has none).
+pub fn last_seen(v: &DeviceView) -> Option<Timestamp> {
+    let beat = v.heartbeat.as_ref().map(|h| h.at);
+    let info = v.info.as_ref().map(|i| i.updated_at);
+    beat.max(info)
+}
+
+/// Whether a device counts as not there: by the cluster's presence when
+/// there is one (anything but online, `unknown` included: it cannot be
+/// counted on), else by its heartbeat ([`heartbeat_stale`]).
+pub fn absent(v: &DeviceView, now: Timestamp) -> bool {
+    match &v.connection {
+        Some(c) => !matches!(c, Connection::Online(_)),
+        None => heartbeat_stale(v.heartbeat.as_ref(), now),
+    }
 }
 
 fn split_key(key: &str) -> Option<(DeviceId, &str)> {
@@ -293,5 +331,32 @@ mod tests {
         assert!(!crate::staged::unavailable(&d, now));
         d.heartbeat = Some(beat("0.2.0", ago(now, 1800)));
         assert!(crate::staged::unavailable(&d, now));
+    }
+
+    #[test]
+    fn presence_decides_absence_and_the_heartbeat_only_without_it() {
+        use fleet_common::presence::Online;
+        let now = Timestamp::from_unix_millis(1_800_000_000_000);
+        let mut d = DeviceView::new(DeviceId::parse("dev1").expect("id"));
+        d.heartbeat = Some(beat("0.2.0", ago(now, 1800)));
+        assert!(absent(&d, now), "no presence: a stale heartbeat");
+        d.connection = Some(Connection::Online(Online {
+            server: "n1".to_owned(),
+            since: None,
+            rtt: None,
+        }));
+        assert!(!absent(&d, now), "connected, whatever its heartbeat");
+        assert!(!crate::staged::unavailable(&d, now));
+        d.heartbeat = Some(beat("0.3.0", now));
+        for c in [
+            Connection::Unknown {
+                why: "server n3 did not answer".to_owned(),
+            },
+            Connection::Offline { last_seen: now },
+            Connection::NeverSeen,
+        ] {
+            d.connection = Some(c.clone());
+            assert!(absent(&d, now), "{c:?} with a fresh heartbeat");
+        }
     }
 }

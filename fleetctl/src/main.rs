@@ -29,6 +29,7 @@ mod group;
 mod js;
 mod labels;
 mod nats_config;
+mod presence;
 mod rollout;
 mod selector;
 mod staged;

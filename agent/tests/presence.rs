@@ -1,0 +1,170 @@
+//! Presence from the cluster, on a real 3-node cluster (nats-server 2.9 and
+//! 2.14) with the generated fleet layout, real agents (this build and the
+//! released 0.2.0) and the real `fleetctl`: a connected agent is online
+//! (with its server and RTT), a killed one offline since its last status
+//! write, a 0.2.0 agent is shown as any other, and a node that is down makes
+//! the devices it alone could tell about `unknown`, never `offline`
+//! (docs/design/presence.md).
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Device, Settings, CONVERGE};
+use fleet_harness::{bin_path, poll_until, ChildGuard, NatsCluster, NatsVersion};
+
+/// How long a node's death takes to show: each round of presence waits
+/// `PRESENCE_TIMEOUT` (2 s) at most, plus fleetctl's connection fail-over.
+const SHOWN: Duration = Duration::from_secs(60);
+
+/// `fleetctl status --json` over the cluster, as rows by device; None
+/// while fleetctl cannot read the buckets (a node just died: the meta
+/// leader's election), with what it said.
+fn status(cluster: &NatsCluster, pw: &std::path::Path) -> Option<serde_json::Value> {
+    match try_fleetctl(cluster, pw, &["status", "--json"]) {
+        Ok(out) => Some(
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("status --json: {e}:\n{out}")),
+        ),
+        Err(e) => {
+            eprintln!("{e}");
+            None
+        }
+    }
+}
+
+fn fleetctl(cluster: &NatsCluster, pw: &std::path::Path, args: &[&str]) -> String {
+    try_fleetctl(cluster, pw, args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn try_fleetctl(
+    cluster: &NatsCluster,
+    pw: &std::path::Path,
+    args: &[&str],
+) -> Result<String, String> {
+    let mut cmd = Command::new(bin_path("fleetctl"));
+    cmd.args(args);
+    for url in cluster.live_urls().split(',') {
+        cmd.args(["--server", url]);
+    }
+    let out = cmd
+        .arg("--password-file")
+        .arg(pw)
+        .env_remove("FLEET_NATS_URL")
+        .env_remove("FLEET_NATS_PASSWORD_FILE")
+        .output()
+        .expect("run fleetctl");
+    if !out.status.success() {
+        return Err(format!(
+            "fleetctl {args:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn row<'a>(rows: &'a serde_json::Value, device: &str) -> Option<&'a serde_json::Value> {
+    rows.as_array()?.iter().find(|r| r["device"] == device)
+}
+
+fn connection_of(rows: &serde_json::Value, device: &str) -> Option<String> {
+    row(rows, device)?["connection"].as_str().map(str::to_owned)
+}
+
+/// A 0.2.0 agent of `dev` (its config without the keys 0.3 added).
+fn released_0_2(dev: &Device) -> ChildGuard {
+    let binary = fleet_harness::test_agent_path(fleet_harness::RELEASED_AGENT_0_2_VERSION);
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&dev.config).expect("read")).expect("json");
+    cfg["intervals"] =
+        serde_json::json!({"heartbeat-secs": 1, "resync-secs": 2, "check-secs": 3600});
+    std::fs::write(&dev.config, cfg.to_string()).expect("write");
+    let mut agent = ChildGuard::spawn(dev.command_of(&binary, &["run"], None), "agent-0.2.0");
+    dev.wait_ready(&mut agent);
+    agent
+}
+
+fn presence_on_a_cluster(v: NatsVersion) {
+    let mut cluster = NatsCluster::start_fleet(v, &["dev-a", "dev-b", "dev-c"]);
+    let urls = cluster.urls();
+    let work = tempfile::tempdir().expect("tempdir");
+    let pw = work.path().join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("pw");
+    // Each device on one node only, so that which server holds it is known.
+    let device = |id: &str, node: usize| {
+        let mut s = Settings::new(vec![urls[node].clone()]);
+        s.podman = false;
+        Device::new(id, &s, None)
+    };
+    let a = device("dev-a", 0);
+    let _agent_a = a.start(None);
+    let b = device("dev-b", 1);
+    let _agent_b = released_0_2(&b);
+    let c = device("dev-c", 2);
+    let mut agent_c = c.start(None);
+
+    let rows = poll_until("every device online", CONVERGE, || {
+        let rows = status(&cluster, &pw)?;
+        ["dev-a", "dev-b", "dev-c"]
+            .iter()
+            .all(|d| connection_of(&rows, d).as_deref() == Some("online"))
+            .then_some(rows)
+    });
+    for (d, server) in [("dev-a", "n0"), ("dev-b", "n1"), ("dev-c", "n2")] {
+        let r = row(&rows, d).expect("row");
+        assert_eq!(r["connected"]["server"], server, "{r}");
+        assert!(r["connected"]["rtt"].is_string(), "{r}");
+        assert!(r["connected"]["since"].is_string(), "{r}");
+    }
+    assert_eq!(row(&rows, "dev-b").expect("row")["agent-version"], "0.2.0");
+    let table = fleetctl(&cluster, &pw, &["status"]);
+    assert!(table.starts_with("DEVICE"), "{table}");
+    assert!(table.contains("CONNECTION"), "{table}");
+    let detail = fleetctl(&cluster, &pw, &["device", "status", "dev-b"]);
+    assert!(
+        detail.contains("connection: online to server n1 since "),
+        "{detail}"
+    );
+
+    // A killed agent: its kernel closes the socket, the server drops it.
+    agent_c.kill();
+    let rows = poll_until("dev-c offline", SHOWN, || {
+        let rows = status(&cluster, &pw)?;
+        (connection_of(&rows, "dev-c").as_deref() == Some("offline")).then_some(rows)
+    });
+    let r = row(&rows, "dev-c").expect("row");
+    assert!(r["offline-since"].is_string(), "{r}");
+    assert_eq!(connection_of(&rows, "dev-a").as_deref(), Some("online"));
+    let detail = fleetctl(&cluster, &pw, &["device", "status", "dev-c"]);
+    assert!(detail.contains("connection: offline since "), "{detail}");
+
+    // A node down: what only it could tell (dev-c, last on it) is unknown,
+    // never offline; dev-a, on a live node, stays online.
+    cluster.kill_node(2);
+    cluster.wait_for_leaders(SHOWN);
+    let rows = poll_until("dev-c unknown with n2 down", SHOWN, || {
+        let rows = status(&cluster, &pw)?;
+        (connection_of(&rows, "dev-c").as_deref() == Some("unknown")).then_some(rows)
+    });
+    assert_eq!(connection_of(&rows, "dev-a").as_deref(), Some("online"));
+    let r = row(&rows, "dev-c").expect("row");
+    assert_eq!(r["connection-unknown"], "server n2 did not answer", "{r}");
+    let table = poll_until("fleetctl status with n2 down", SHOWN, || {
+        try_fleetctl(&cluster, &pw, &["status"]).ok()
+    });
+    assert!(
+        table.contains("connection unknown: server n2 did not answer"),
+        "{table}"
+    );
+}
+
+#[test]
+fn presence_on_a_3_node_cluster_2_9() {
+    presence_on_a_cluster(NatsVersion::V2_9);
+}
+
+#[test]
+fn presence_on_a_3_node_cluster_2_14() {
+    presence_on_a_cluster(NatsVersion::V2_14);
+}
