@@ -168,3 +168,131 @@ fn presence_on_a_3_node_cluster_2_9() {
 fn presence_on_a_3_node_cluster_2_14() {
     presence_on_a_cluster(NatsVersion::V2_14);
 }
+
+/// The fleet layout as generated before presence: no system account
+/// exports, no imports into `FLEET`.
+fn config_without_presence(text: &str) -> String {
+    let mut out = Vec::new();
+    let mut in_sys = false;
+    for line in text.lines() {
+        if line == "  SYS {" {
+            in_sys = true;
+            continue;
+        }
+        if in_sys {
+            in_sys = line != "  }";
+            continue;
+        }
+        if line.starts_with("system_account") || line.contains("account: SYS") {
+            continue;
+        }
+        out.push(line);
+    }
+    let out = out.join("\n");
+    assert!(!out.contains("SYS"), "{out}");
+    out
+}
+
+/// A server config that predates presence: fleetctl says the cluster gives
+/// none, at once, and judges by heartbeat (a 0.3 agent's fresh heartbeat:
+/// not stale).
+#[test]
+fn a_server_config_without_presence_falls_back_to_heartbeats() {
+    let password = fleet_harness::device_password("dev-a");
+    let server = fleet_harness::NatsServer::start_with_config(NatsVersion::V2_14, |port, store| {
+        config_without_presence(&fleet_harness::fleet_server_config(
+            &[("dev-a", password.as_str())],
+            fleet_harness::NATS_ADMIN_PASSWORD,
+            port,
+            store,
+        ))
+    });
+    let work = tempfile::tempdir().expect("tempdir");
+    let pw = work.path().join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("pw");
+    let mut s = Settings::new(vec![server.url()]);
+    s.podman = false;
+    let a = Device::new("dev-a", &s, None);
+    let _agent = a.start(None);
+    let run = |args: &[&str]| {
+        let out = Command::new(bin_path("fleetctl"))
+            .args(args)
+            .args(["--server", &server.url(), "--password-file"])
+            .arg(&pw)
+            .env_remove("FLEET_NATS_URL")
+            .env_remove("FLEET_NATS_PASSWORD_FILE")
+            .output()
+            .expect("run fleetctl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    poll_until("dev-a's heartbeat", CONVERGE, || {
+        run(&["status"]).contains("dev-a").then_some(())
+    });
+    let started = std::time::Instant::now();
+    let rows: serde_json::Value = serde_json::from_str(&run(&["status", "--json"])).expect("json");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no presence is known at once, not after a wait: {:?}",
+        started.elapsed()
+    );
+    let r = row(&rows, "dev-a").expect("row");
+    assert!(r["connection"].is_null(), "{r}");
+    assert_eq!(r["stopped"], false);
+    let detail = run(&["device", "status", "dev-a"]);
+    assert!(
+        detail.contains("connection: - (the cluster gives no presence: judged by heartbeat)"),
+        "{detail}"
+    );
+    let summary = run(&["status", "--group-by", "site"]);
+    assert!(summary.contains("0 stale heartbeats"), "{summary}");
+}
+
+/// One server, no cluster: it is the one expected (the status stream's
+/// leader), so fleetctl does not wait out the bound for others.
+#[test]
+fn a_single_server_gives_presence_without_waiting_out_the_bound() {
+    let server = fleet_harness::NatsServer::start_fleet(NatsVersion::V2_9, &["dev-a"]);
+    let work = tempfile::tempdir().expect("tempdir");
+    let pw = work.path().join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("pw");
+    let mut s = Settings::new(vec![server.url()]);
+    s.podman = false;
+    let a = Device::new("dev-a", &s, None);
+    let _agent = a.start(None);
+    let run = || {
+        let started = std::time::Instant::now();
+        let out = Command::new(bin_path("fleetctl"))
+            .args([
+                "status",
+                "--json",
+                "--server",
+                &server.url(),
+                "--password-file",
+            ])
+            .arg(&pw)
+            .env_remove("FLEET_NATS_URL")
+            .env_remove("FLEET_NATS_PASSWORD_FILE")
+            .output()
+            .expect("run fleetctl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        (rows, started.elapsed())
+    };
+    let (_, took) = poll_until("dev-a online", CONVERGE, || {
+        let (rows, took) = run();
+        (connection_of(&rows, "dev-a").as_deref() == Some("online")).then_some((rows, took))
+    });
+    assert!(
+        took < Duration::from_secs(2),
+        "status took {took:?}: it waited for a server it did not know"
+    );
+}

@@ -4,7 +4,8 @@
 //! [`fleet_common::presence`]; this module sends the requests and waits.
 //!
 //! Steps: the servers expected are the peers of the `fleet-status` stream
-//! (leader and replicas, down ones included); round 0 asks every server on
+//! (leader and replicas, down ones included; a stream without a cluster:
+//! the one server); round 0 asks every server on
 //! [`PRESENCE_CONNZ`] at once; each server's further pages are asked of it
 //! alone, a window at a time; each round waits at most
 //! [`PRESENCE_TIMEOUT`]. No responder on the subject means the server
@@ -23,6 +24,10 @@ use fleet_common::Timestamp;
 use serde::Deserialize;
 
 use crate::error::CtlError;
+
+/// The least time round 0 waits for servers outside the expected peers
+/// after the last peer answered: a round trip within a cluster.
+const GRACE: Duration = Duration::from_millis(100);
 
 /// One read of the cluster's presence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,32 +91,53 @@ struct Peer {
     name: String,
 }
 
-/// The servers that hold `fleet-status` (down ones included: JetStream
-/// lists a replica it cannot reach as offline). Empty when unknown.
-fn expected_servers(conn: &nats::Connection) -> Vec<String> {
+/// Which servers must answer.
+enum Expected {
+    /// The peers of the `fleet-status` stream (JetStream lists a replica
+    /// it cannot reach as offline: a down one is among them).
+    Peers(Vec<String>),
+    /// The stream has no cluster: one server, the first to answer.
+    Single,
+    /// The stream could not be read: wait out the bound for answers.
+    Unknown,
+}
+
+fn expected_servers(conn: &nats::Connection) -> Expected {
     let Ok(m) = conn.request_timeout(
         &stream_info_subject(BUCKET_STATUS),
         "",
         NATS_REQUEST_TIMEOUT,
     ) else {
-        return Vec::new();
+        return Expected::Unknown;
     };
     let Ok(info) = serde_json::from_slice::<StreamInfo>(&m.data) else {
-        return Vec::new();
+        return Expected::Unknown;
     };
     let Some(c) = info.cluster else {
-        return Vec::new();
+        return Expected::Single;
     };
-    c.leader
+    let peers: Vec<String> = c
+        .leader
         .into_iter()
         .chain(c.replicas.into_iter().map(|p| p.name))
-        .collect()
+        .filter(|n| !n.is_empty())
+        .collect();
+    if peers.is_empty() {
+        Expected::Unknown
+    } else {
+        Expected::Peers(peers)
+    }
 }
 
 /// Reads presence from every server (see the module documentation).
 pub fn read(conn: &nats::Connection) -> Result<Read, CtlError> {
     let what = || "reading presence from the cluster".to_owned();
-    let mut c = Collector::new(expected_servers(conn));
+    let expected = expected_servers(conn);
+    let single = matches!(expected, Expected::Single);
+    let mut c = Collector::new(match expected {
+        Expected::Peers(p) => p,
+        Expected::Single | Expected::Unknown => Vec::new(),
+    });
     let inbox = conn.new_inbox();
     let sub = conn
         .subscribe(&format!("{inbox}.>"))
@@ -119,14 +145,29 @@ pub fn read(conn: &nats::Connection) -> Result<Read, CtlError> {
     conn.publish_request(PRESENCE_CONNZ, &format!("{inbox}.0"), c.first_page())
         .map_err(CtlError::nats(what()))?;
     // Round 0: every expected server, or the whole bound when the set is
-    // not known.
-    let deadline = Instant::now() + PRESENCE_TIMEOUT;
+    // not known. A cluster larger than the stream's replicas has servers
+    // not among its peers: after the last peer, the others get as long
+    // again as the peers took (at least GRACE), within the bound.
+    let started = Instant::now();
+    let deadline = started + PRESENCE_TIMEOUT;
     let mut any = false;
-    while !c.first_round_done() {
-        let Some(wait) = deadline.checked_duration_since(Instant::now()) else {
+    let mut until = deadline;
+    loop {
+        if single && any {
+            break;
+        }
+        if until == deadline && c.first_round_done() {
+            until = deadline.min(Instant::now() + started.elapsed().max(GRACE));
+        }
+        let Some(wait) = until.checked_duration_since(Instant::now()) else {
             break;
         };
-        let Ok(m) = sub.next_timeout(wait) else { break };
+        let Ok(m) = sub.next_timeout(wait.max(Duration::from_millis(1))) else {
+            if Instant::now() >= until {
+                break;
+            }
+            continue;
+        };
         if m.is_no_responders() {
             return Ok(Read::Unavailable(format!(
                 "no server answers {PRESENCE_CONNZ}: the server config predates presence (regenerate it with fleetctl nats-config)"
