@@ -296,3 +296,96 @@ fn a_single_server_gives_presence_without_waiting_out_the_bound() {
         "status took {took:?}: it waited for a server it did not know"
     );
 }
+
+/// A bare NATS client of device `id` on `addr`: CONNECT as its static user
+/// and PING, answered PONG. The socket stays open while it lives.
+fn bare_device(addr: std::net::SocketAddr, id: &str) -> std::net::TcpStream {
+    use std::io::{BufRead, BufReader, Write};
+    let s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| {
+        panic!("connecting device {id} to {addr}: {e} (raise `ulimit -n`: the test holds thousands of sockets)")
+    });
+    s.set_read_timeout(Some(CONVERGE)).expect("timeout");
+    let mut r = BufReader::new(s.try_clone().expect("clone"));
+    let mut line = String::new();
+    r.read_line(&mut line).expect("INFO");
+    let connect = serde_json::json!({
+        "user": id, "pass": fleet_harness::device_password(id),
+        "verbose": false, "pedantic": false, "name": format!("bare {id}"),
+    });
+    (&s).write_all(format!("CONNECT {connect}\r\nPING\r\n").as_bytes())
+        .expect("CONNECT");
+    line.clear();
+    r.read_line(&mut line).expect("PONG");
+    assert_eq!(line.trim_end(), "PONG", "device {id} was not accepted");
+    s
+}
+
+/// Thousands of devices on a 3-node cluster, more than a page per server:
+/// presence pages through each server and finds every one, in bounded time.
+#[test]
+fn presence_pages_through_thousands_of_connections() {
+    const DEVICES: usize = 3_600; // 1,200 a server: two pages each
+    let ids: Vec<String> = (0..DEVICES).map(|i| format!("bulk-{i:05}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let cluster = NatsCluster::start_fleet(NatsVersion::V2_14, &refs);
+    let addrs = cluster.client_addrs();
+    let admin = cluster.admin();
+    let status_kv = nats::jetstream::new(admin.clone())
+        .key_value("fleet-status")
+        .expect("fleet-status");
+    let now = fleet_common::Timestamp::now();
+    let _sockets: Vec<std::net::TcpStream> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            // fleetctl lists devices that wrote a key: a heartbeat each.
+            let beat = fleet_common::contracts::Heartbeat {
+                at: now,
+                uptime_secs: 1,
+                agent_version: fleet_common::validate::Version::parse("0.3.0").expect("v"),
+                config_state: fleet_common::contracts::ConfigStateReport {
+                    state: fleet_common::contracts::ConfigState::Configured,
+                    waiting_changes: 0,
+                    intent_waiting: false,
+                },
+                stopping: None,
+                podman_unreachable: None,
+            };
+            status_kv
+                .put(
+                    &format!("{id}.heartbeat"),
+                    serde_json::to_vec(&beat).expect("json"),
+                )
+                .expect("put heartbeat");
+            bare_device(addrs[i % addrs.len()], id)
+        })
+        .collect();
+    let work = tempfile::tempdir().expect("tempdir");
+    let pw = work.path().join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("pw");
+    let started = std::time::Instant::now();
+    let rows = status(&cluster, &pw).expect("fleetctl status");
+    let took = started.elapsed();
+    let rows = rows.as_array().expect("rows");
+    assert_eq!(rows.len(), DEVICES);
+    let online = rows.iter().filter(|r| r["connection"] == "online").count();
+    let not: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["connection"] != "online")
+        .take(3)
+        .collect();
+    assert_eq!(online, DEVICES, "not online: {not:?}");
+    let mut per_server: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in rows {
+        *per_server
+            .entry(r["connected"]["server"].as_str().unwrap_or("-").to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_server.values().copied().collect::<Vec<_>>(),
+        vec![DEVICES / 3; 3],
+        "{per_server:?}"
+    );
+    eprintln!("fleetctl status --json over {DEVICES} connected devices: {took:?}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
