@@ -389,3 +389,70 @@ fn presence_pages_through_thousands_of_connections() {
     eprintln!("fleetctl status --json over {DEVICES} connected devices: {took:?}");
     assert!(took < Duration::from_secs(30), "{took:?}");
 }
+
+/// The recorder keeps a killed device's disconnect time in `fleet-operator`
+/// (replicated): after a node restart, another fleetctl shows it offline
+/// since that time, not since its older last status write.
+#[test]
+fn last_seen_is_recorded_and_survives_a_node_restart() {
+    let mut cluster = NatsCluster::start_fleet(NatsVersion::V2_14, &["dev-a"]);
+    let urls = cluster.urls();
+    let work = tempfile::tempdir().expect("tempdir");
+    let pw = work.path().join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("pw");
+    let mut rec = Command::new(bin_path("fleetctl"));
+    rec.args(["presence", "record", "--batch-secs", "1"]);
+    for url in &urls {
+        rec.args(["--server", url]);
+    }
+    rec.arg("--password-file")
+        .arg(&pw)
+        .env_remove("FLEET_NATS_URL")
+        .env_remove("FLEET_NATS_PASSWORD_FILE");
+    let recorder = ChildGuard::spawn(rec, "fleetctl-presence-record");
+    recorder.wait_for_line("recording last-seen", CONVERGE);
+
+    let mut s = Settings::new(vec![urls[1].clone()]);
+    s.podman = false;
+    // A slow keep-alive: its last status write is well before it goes.
+    s.keepalive_secs = 3600;
+    let a = Device::new("dev-a", &s, None);
+    let mut agent = a.start(None);
+    poll_until("dev-a online", CONVERGE, || {
+        (connection_of(&status(&cluster, &pw)?, "dev-a").as_deref() == Some("online")).then_some(())
+    });
+    // Its last status write and its stop must differ to tell which is shown.
+    let admin = cluster.admin();
+    let beat: fleet_common::contracts::Heartbeat =
+        poll_until("dev-a's heartbeat", CONVERGE, || {
+            common::status(&admin, "dev-a", "heartbeat")
+        });
+    poll_until("a second past dev-a's heartbeat", CONVERGE, || {
+        (fleet_common::Timestamp::now().since(beat.at) > Duration::from_secs(1)).then_some(())
+    });
+    agent.kill();
+    let operator = nats::jetstream::new(cluster.admin())
+        .key_value("fleet-operator")
+        .expect("fleet-operator");
+    let seen: fleet_common::presence::LastSeen =
+        poll_until("dev-a's last-seen recorded", CONVERGE, || {
+            operator
+                .get("presence.dev-a")
+                .ok()
+                .flatten()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+        });
+    assert_eq!(seen.server, "n1");
+
+    cluster.kill_node(0);
+    cluster
+        .restart_node_lame_duck(0, SHOWN)
+        .expect("node n0 back, replicas current");
+    let rows = poll_until("dev-a offline after the restart", SHOWN, || {
+        let rows = status(&cluster, &pw)?;
+        (connection_of(&rows, "dev-a").as_deref() == Some("offline")).then_some(rows)
+    });
+    let r = row(&rows, "dev-a").expect("row");
+    assert_eq!(r["offline-since"], seen.at.to_string(), "{r}");
+    assert_ne!(r["offline-since"], r["heartbeat-at"], "{r}");
+}

@@ -132,6 +132,67 @@ fn is_user_nkey(s: &str) -> bool {
             .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
 }
 
+/// `fleet-operator` `presence.<device>`: when the cluster last saw the
+/// device's connection close, from its disconnect event (written by
+/// `fleetctl presence record`). Read tolerantly.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct LastSeen {
+    pub at: Timestamp,
+    #[serde(default)]
+    pub server: String,
+    #[serde(default)]
+    pub reason: String,
+}
+
+#[derive(Deserialize)]
+struct DisconnectEvent {
+    #[serde(default)]
+    timestamp: Option<String>,
+    server: AnswerServer,
+    client: EventClient,
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Deserialize)]
+struct EventClient {
+    #[serde(default)]
+    stop: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    name_tag: Option<String>,
+}
+
+/// The device and its last-seen of a `$SYS.ACCOUNT.DEVICES.DISCONNECT`
+/// event; None for anything else (or a connection of no device). The time
+/// is the connection's stop, else the event's, else `now`.
+pub fn disconnect_event(bytes: &[u8], now: Timestamp) -> Option<(DeviceId, LastSeen)> {
+    let e: DisconnectEvent = serde_json::from_slice(bytes).ok()?;
+    let device = ConnzConnection {
+        cid: 0,
+        start: None,
+        rtt: None,
+        authorized_user: e.client.user,
+        name_tag: e.client.name_tag,
+    }
+    .device()?;
+    let at = [e.client.stop, e.timestamp]
+        .into_iter()
+        .flatten()
+        .find_map(|t| Timestamp::parse(&t).ok())
+        .unwrap_or(now);
+    Some((
+        device,
+        LastSeen {
+            at,
+            server: e.server.name,
+            reason: e.reason,
+        },
+    ))
+}
+
 /// A device connected now.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -668,6 +729,28 @@ mod tests {
             p.gaps(),
             vec!["server n1: did not answer every page in time".to_owned()]
         );
+    }
+
+    #[test]
+    fn a_disconnect_event_gives_the_device_and_its_stop() {
+        let ev = br#"{"type":"io.nats.server.advisory.v1.client_disconnect","timestamp":"2026-12-02T05:51:52.681670604Z",
+            "server":{"name":"n1","id":"NX"},"client":{"start":"2026-12-02T05:51:50.875757128Z","id":6,"acc":"DEVICES",
+            "user":"dev1","stop":"2026-12-02T05:51:52.681Z","kind":"Client"},"sent":{"msgs":0,"bytes":0},"reason":"Client Closed"}"#;
+        let now = Timestamp::from_unix_millis(1);
+        let (d, seen) = disconnect_event(ev, now).expect("event");
+        assert_eq!(d, id("dev1"));
+        assert_eq!(
+            seen.at,
+            Timestamp::parse("2026-12-02T05:51:52.681Z").expect("t")
+        );
+        assert_eq!(seen.server, "n1");
+        assert_eq!(seen.reason, "Client Closed");
+        assert!(disconnect_event(b"{}", now).is_none());
+        assert!(disconnect_event(
+            br#"{"server":{"name":"n1"},"client":{"user":"$G bad"}}"#,
+            now
+        )
+        .is_none());
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub const LABELS_PREFIX: &str = "labels";
 /// The key prefix of staged rollouts in [`BUCKET_OPERATOR`].
 pub const ROLLOUTS_PREFIX: &str = "rollouts";
 
+/// The key prefix of devices' recorded last-seen in [`BUCKET_OPERATOR`]
+/// (`presence.<device>`, written by `fleetctl presence record`).
+pub const LAST_SEEN_PREFIX: &str = "presence";
+
 /// The key of the upgrade intent under a device.
 pub const INTENT_KEY: &str = "agent-upgrade-intent";
 

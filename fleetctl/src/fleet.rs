@@ -217,15 +217,20 @@ pub fn read(
     }
     if keys.presence() {
         let presence = crate::presence::read(conn)?;
+        let recorded = match scope {
+            Scope::Fleet => crate::recorder::read(conn, None),
+            Scope::Device(d) => crate::recorder::read(conn, Some(d)),
+        };
         for v in devices.values_mut() {
-            v.connection = presence.connection(&v.id, last_seen(v));
+            let seen = last_seen(v).max(recorded.get(&v.id).copied());
+            v.connection = presence.connection(&v.id, seen);
         }
     }
     Ok(devices)
 }
 
-/// The best known time a device was there: its last status write
-/// (heartbeat, or info when it has none).
+/// The last status write of a device (heartbeat or info): a lower bound
+/// of when it was last there (a recorded disconnect is the exact one).
 pub fn last_seen(v: &DeviceView) -> Option<Timestamp> {
     let beat = v.heartbeat.as_ref().map(|h| h.at);
     let info = v.info.as_ref().map(|i| i.updated_at);

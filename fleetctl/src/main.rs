@@ -30,6 +30,7 @@ mod js;
 mod labels;
 mod nats_config;
 mod presence;
+mod recorder;
 mod rollout;
 mod selector;
 mod staged;

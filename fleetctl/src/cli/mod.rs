@@ -16,6 +16,7 @@ mod buckets;
 mod device;
 mod generate;
 mod nats_config;
+mod presence;
 mod rollout;
 mod status;
 mod upgrade;
@@ -62,6 +63,7 @@ enum Command {
     Rollout(rollout::Rollout),
     Status(status::Status),
     Watch(watch::Watch),
+    Presence(presence::Presence),
     #[command(hide = true)]
     Generate(generate::Generate),
 }
@@ -78,6 +80,7 @@ impl Command {
             Self::Rollout(c) => c.run(),
             Self::Status(c) => c.run(),
             Self::Watch(c) => c.run(),
+            Self::Presence(c) => c.run(),
             Self::Generate(c) => c.run(),
         }
     }
