@@ -169,30 +169,6 @@ fn presence_on_a_3_node_cluster_2_14() {
     presence_on_a_cluster(NatsVersion::V2_14);
 }
 
-/// The fleet layout as generated before presence: no system account
-/// exports, no imports into `FLEET`.
-fn config_without_presence(text: &str) -> String {
-    let mut out = Vec::new();
-    let mut in_sys = false;
-    for line in text.lines() {
-        if line == "  SYS {" {
-            in_sys = true;
-            continue;
-        }
-        if in_sys {
-            in_sys = line != "  }";
-            continue;
-        }
-        if line.starts_with("system_account") || line.contains("account: SYS") {
-            continue;
-        }
-        out.push(line);
-    }
-    let out = out.join("\n");
-    assert!(!out.contains("SYS"), "{out}");
-    out
-}
-
 /// A server config that predates presence: fleetctl says the cluster gives
 /// none, at once, and judges by heartbeat (a 0.3 agent's fresh heartbeat:
 /// not stale).
@@ -200,7 +176,7 @@ fn config_without_presence(text: &str) -> String {
 fn a_server_config_without_presence_falls_back_to_heartbeats() {
     let password = fleet_harness::device_password("dev-a");
     let server = fleet_harness::NatsServer::start_with_config(NatsVersion::V2_14, |port, store| {
-        config_without_presence(&fleet_harness::fleet_server_config(
+        fleet_harness::without_presence(&fleet_harness::fleet_server_config(
             &[("dev-a", password.as_str())],
             fleet_harness::NATS_ADMIN_PASSWORD,
             port,
