@@ -432,3 +432,52 @@ fn last_seen_is_recorded_and_survives_a_node_restart() {
     assert_eq!(r["offline-since"], seen.at.to_string(), "{r}");
     assert_ne!(r["offline-since"], r["heartbeat-at"], "{r}");
 }
+
+/// A device admitted by the auth callout (2.14): its connection's user is
+/// the key the callout issued; presence names it by the JWT's name, the
+/// device id the callout put there.
+#[test]
+fn a_device_admitted_by_the_callout_is_named_by_its_issued_user() {
+    use fleet_harness::{claims, rs256, CalloutNats, Idp, RSA_KID};
+    let idp = Idp::start();
+    let nats = CalloutNats::start(&idp, serde_json::json!({}));
+    let _dev = nats.device(
+        "dev-a",
+        &rs256(&idp.keys.rsa, RSA_KID, &claims("dev-a", 600)),
+    );
+    let work = tempfile::tempdir().expect("tempdir");
+    let pw = work.path().join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("pw");
+    // dev-a wrote no key: give it one so that status lists it.
+    let admin = nats.server.admin();
+    nats::jetstream::new(admin)
+        .key_value("fleet-operator")
+        .expect("fleet-operator")
+        .put("labels.dev-a", br#"{"labels":{"site":"x"}}"#.to_vec())
+        .expect("label");
+    let out = Command::new(bin_path("fleetctl"))
+        .args([
+            "device",
+            "status",
+            "dev-a",
+            "--server",
+            &nats.server.url(),
+            "--password-file",
+        ])
+        .arg(&pw)
+        .env_remove("FLEET_NATS_URL")
+        .env_remove("FLEET_NATS_PASSWORD_FILE")
+        .output()
+        .expect("run fleetctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("connection: online to server "),
+        "{text}\n{}",
+        nats.logs()
+    );
+}
