@@ -453,7 +453,7 @@ fn a_device_admitted_by_the_callout_is_named_by_its_issued_user() {
     nats::jetstream::new(admin)
         .key_value("fleet-operator")
         .expect("fleet-operator")
-        .put("labels.dev-a", br#"{"labels":{"site":"x"}}"#.to_vec())
+        .put("labels.dev-a", br#"{"labels":{"site":"x"}}"#)
         .expect("label");
     let out = Command::new(bin_path("fleetctl"))
         .args([
