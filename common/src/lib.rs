@@ -15,6 +15,7 @@ pub mod limits;
 pub mod logging;
 pub mod nats_config;
 pub mod nkey;
+pub mod presence;
 pub mod process;
 pub mod signals;
 pub mod socket;

@@ -22,6 +22,11 @@ pub const MAX_BLOB_REDIRECTS: usize = 5;
 pub const NATS_CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
 /// Window over which connection attempts are retried at start (binding).
 pub const NATS_CONNECT_WINDOW: Duration = Duration::from_secs(3 * 60);
+/// How long fleetctl waits for each round of presence answers (a page from
+/// every server asked): a server slower than this makes what only it knows
+/// `unknown` (docs/design/presence.md). A page of 1,024 connections is
+/// answered in milliseconds on a healthy server.
+pub const PRESENCE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bound on one JetStream API request or publish acknowledgement.
 pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on one Direct Get of a device's key. Any replica answers it from

@@ -27,7 +27,9 @@ use crate::nkey::PublicNkey;
 use crate::subjects::{
     account_service_exports, account_stream_exports, device_permissions, kv_subject,
     republish_config, stream_name, DeviceProtocols, ACCOUNT_AUTH, ACCOUNT_DEVICES, ACCOUNT_FLEET,
-    BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_OPERATOR, BUCKET_STATUS, BUCKET_WORKLOADS,
+    ACCOUNT_SYSTEM, BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_OPERATOR, BUCKET_STATUS,
+    BUCKET_WORKLOADS, PRESENCE_CONNZ, PRESENCE_EVENTS_PREFIX, SYS_DEVICES_CONNZ,
+    SYS_DEVICES_EVENTS,
 };
 use crate::validate::DeviceId;
 
@@ -74,7 +76,9 @@ pub fn static_server_config(c: &StaticServerConfig) -> String {
         &c.store_dir,
         c.cluster.as_ref(),
     );
+    o.push(format!("system_account: {ACCOUNT_SYSTEM}"));
     o.push("accounts {".to_owned());
+    o.extend(system_account_lines());
     o.extend(fleet_account_lines(&c.admin_password, c.protocols));
     o.extend(devices_account_lines(&c.devices, c.protocols));
     o.extend(["}".to_owned(), String::new()]);
@@ -118,6 +122,7 @@ pub fn callout_server_config(c: &CalloutServerConfig) -> String {
     o.extend([
         // The bearer token rides in the CONNECT line.
         format!("max_control_line: {NATS_MAX_CONTROL_LINE_BYTES}"),
+        format!("system_account: {ACCOUNT_SYSTEM}"),
         "accounts {".to_owned(),
         format!("  {ACCOUNT_AUTH} {{"),
         format!(
@@ -127,6 +132,7 @@ pub fn callout_server_config(c: &CalloutServerConfig) -> String {
         ),
         "  }".to_owned(),
     ]);
+    o.extend(system_account_lines());
     o.extend(fleet_account_lines(&c.admin_password, c.protocols));
     o.extend(devices_account_lines(&[], c.protocols));
     o.extend([
@@ -191,7 +197,29 @@ fn server_lines(
     o
 }
 
-/// Account `FLEET`: JetStream, the admin user, the exports to `DEVICES`.
+/// The system account: no users; it exports to `FLEET` the devices' CONNZ
+/// (answered by every server, hence `response_type: stream`) and their
+/// connect/disconnect events, and nothing else of the system
+/// (docs/design/presence.md).
+fn system_account_lines() -> Vec<String> {
+    vec![
+        format!("  {ACCOUNT_SYSTEM} {{"),
+        "    exports: [".to_owned(),
+        format!(
+            "      {{ service: {}, accounts: [{ACCOUNT_FLEET}], response_type: stream }}",
+            quoted(SYS_DEVICES_CONNZ)
+        ),
+        format!(
+            "      {{ stream: {}, accounts: [{ACCOUNT_FLEET}] }}",
+            quoted(SYS_DEVICES_EVENTS)
+        ),
+        "    ]".to_owned(),
+        "  }".to_owned(),
+    ]
+}
+
+/// Account `FLEET`: JetStream, the admin user, the exports to `DEVICES`,
+/// the imports of presence from the system account.
 fn fleet_account_lines(admin_password: &str, protocols: DeviceProtocols) -> Vec<String> {
     let mut o = vec![
         format!("  {ACCOUNT_FLEET} {{"),
@@ -201,6 +229,18 @@ fn fleet_account_lines(admin_password: &str, protocols: DeviceProtocols) -> Vec<
             quoted(ADMIN_USER),
             quoted(admin_password)
         ),
+        "    imports: [".to_owned(),
+        format!(
+            "      {{ service: {{ account: {ACCOUNT_SYSTEM}, subject: {} }}, to: {} }}",
+            quoted(SYS_DEVICES_CONNZ),
+            quoted(PRESENCE_CONNZ)
+        ),
+        format!(
+            "      {{ stream: {{ account: {ACCOUNT_SYSTEM}, subject: {} }}, prefix: {} }}",
+            quoted(SYS_DEVICES_EVENTS),
+            quoted(PRESENCE_EVENTS_PREFIX)
+        ),
+        "    ]".to_owned(),
         "    exports: [".to_owned(),
     ];
     for (subject, _) in &account_service_exports(protocols) {
@@ -470,10 +510,21 @@ mod tests {
             r#"ping_interval: "240s""#,
             "ping_max: 2",
             r#"jetstream { store_dir: "/var/lib/nats/jetstream" }"#,
+            "system_account: SYS",
             "accounts {",
+            "  SYS {",
+            "    exports: [",
+            r#"      { service: "$SYS.REQ.ACCOUNT.DEVICES.CONNZ", accounts: [FLEET], response_type: stream }"#,
+            r#"      { stream: "$SYS.ACCOUNT.DEVICES.*", accounts: [FLEET] }"#,
+            "    ]",
+            "  }",
             "  FLEET {",
             "    jetstream: enabled",
             r#"    users: [ { user: "admin", password: "adminpw" } ]"#,
+            "    imports: [",
+            r#"      { service: { account: SYS, subject: "$SYS.REQ.ACCOUNT.DEVICES.CONNZ" }, to: "fleetpresence.CONNZ" }"#,
+            r#"      { stream: { account: SYS, subject: "$SYS.ACCOUNT.DEVICES.*" }, prefix: "fleetpresence" }"#,
+            "    ]",
             "    exports: [",
             r#"      { service: "$JS.API.DIRECT.GET.KV_fleet-workloads.$KV.fleet-workloads.*.desired", accounts: [DEVICES] }"#,
             r#"      { service: "$JS.API.DIRECT.GET.KV_fleet-control.$KV.fleet-control.*.agent-upgrade-intent", accounts: [DEVICES] }"#,

@@ -32,6 +32,10 @@ pub const LABELS_PREFIX: &str = "labels";
 /// The key prefix of staged rollouts in [`BUCKET_OPERATOR`].
 pub const ROLLOUTS_PREFIX: &str = "rollouts";
 
+/// The key prefix of devices' recorded last-seen in [`BUCKET_OPERATOR`]
+/// (`presence.<device>`, written by `fleetctl presence record`).
+pub const LAST_SEEN_PREFIX: &str = "presence";
+
 /// The key of the upgrade intent under a device.
 pub const INTENT_KEY: &str = "agent-upgrade-intent";
 
@@ -42,6 +46,22 @@ pub const ACCOUNT_DEVICES: &str = "DEVICES";
 /// Prefix under which `FLEET`'s JetStream API (consumer create, generation
 /// 1; Direct Get, generation 2) is imported into `DEVICES`.
 pub const DEVICE_API_PREFIX: &str = "fleetapi";
+/// The system account of the generated server configs (`system_account`).
+/// It has no users: what fleetctl reads of it (presence) is exported to
+/// [`ACCOUNT_FLEET`] (docs/design/presence.md).
+pub const ACCOUNT_SYSTEM: &str = "SYS";
+/// The system account's CONNZ request scoped to [`ACCOUNT_DEVICES`]: every
+/// server answers with its own device connections, paged.
+pub const SYS_DEVICES_CONNZ: &str = "$SYS.REQ.ACCOUNT.DEVICES.CONNZ";
+/// The system account's connect and disconnect events of
+/// [`ACCOUNT_DEVICES`] (`.CONNECT`, `.DISCONNECT`).
+pub const SYS_DEVICES_EVENTS: &str = "$SYS.ACCOUNT.DEVICES.*";
+/// [`SYS_DEVICES_CONNZ`] as imported into [`ACCOUNT_FLEET`]: the subject
+/// fleetctl's presence requests go to.
+pub const PRESENCE_CONNZ: &str = "fleetpresence.CONNZ";
+/// The prefix under which [`SYS_DEVICES_EVENTS`] arrive in
+/// [`ACCOUNT_FLEET`]: `fleetpresence.$SYS.ACCOUNT.DEVICES.DISCONNECT`.
+pub const PRESENCE_EVENTS_PREFIX: &str = "fleetpresence";
 /// NATS account of the auth callout service (callout layout only).
 pub const ACCOUNT_AUTH: &str = "AUTH";
 /// The subject nats-server (2.10 and later) sends authorization requests to,

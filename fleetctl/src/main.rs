@@ -31,6 +31,8 @@ mod js;
 mod labels;
 mod metrics;
 mod nats_config;
+mod presence;
+mod recorder;
 mod rollout;
 mod selector;
 mod staged;

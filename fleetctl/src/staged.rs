@@ -39,7 +39,7 @@ use fleet_common::validate::{AttemptUuid, DeviceId};
 use fleet_common::Timestamp;
 
 use crate::error::CtlError;
-use crate::fleet::{DeviceView, Keys, STALE_HEARTBEAT};
+use crate::fleet::{DeviceView, Keys};
 use crate::js::{self, is_wrong_last_sequence, kv, CasOutcome};
 use crate::labels::{self, Device};
 use crate::selector::Selector;
@@ -207,7 +207,8 @@ pub fn classify(d: &DeviceView, release: &Release, uuid: AttemptUuid) -> Class {
 }
 
 /// Whether `d` counts against the disruption budget: an upgrade under way
-/// (any attempt, picked up or not) or no fresh heartbeat.
+/// (any attempt, picked up or not) or not there: not connected by the
+/// cluster's presence, or with no fresh heartbeat when there is none.
 pub fn unavailable(d: &DeviceView, now: Timestamp) -> bool {
     let upgrading = match (&d.intent.attempt, &d.upgrade) {
         (Some(a), Some(s)) => s.attempt_uuid != a.uuid || !s.phase.is_terminal(),
@@ -215,10 +216,7 @@ pub fn unavailable(d: &DeviceView, now: Timestamp) -> bool {
         (None, Some(s)) => !s.phase.is_terminal(),
         (None, None) => false,
     };
-    let stale = d
-        .heartbeat
-        .as_ref()
-        .is_none_or(|h| h.stopping.is_some() || now.since(h.at) > STALE_HEARTBEAT);
+    let stale = crate::fleet::absent(d, now);
     upgrading || stale
 }
 

@@ -9,11 +9,12 @@ use std::time::Duration;
 use std::collections::BTreeMap;
 
 use fleet_common::contracts::{RefusedIntent, UpgradePhase};
+use fleet_common::presence::Connection;
 use fleet_common::validate::DeviceId;
 use fleet_common::Timestamp;
 
 use crate::error::CtlError;
-use crate::fleet::{self, DeviceView, Keys, Scope, STALE_HEARTBEAT};
+use crate::fleet::{self, DeviceView, Keys, Scope};
 use crate::labels::{self, Device};
 use crate::selector::Selector;
 
@@ -28,8 +29,15 @@ pub fn age(d: Duration) -> String {
     }
 }
 
+/// The connection cell: the cluster's presence, or `-` when there is none.
+fn connection_cell(d: &DeviceView) -> String {
+    d.connection
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), Connection::cell)
+}
+
 /// One row of the table, as text cells.
-fn cells(d: &DeviceView, now: Timestamp) -> [String; 6] {
+fn cells(d: &DeviceView, now: Timestamp) -> [String; 7] {
     let dash = || "-".to_owned();
     let heartbeat = d.heartbeat.as_ref().map_or_else(dash, |h| {
         let a = age(now.since(h.at));
@@ -49,6 +57,7 @@ fn cells(d: &DeviceView, now: Timestamp) -> [String; 6] {
     };
     [
         d.id.to_string(),
+        connection_cell(d),
         d.info
             .as_ref()
             .map_or_else(dash, |i| i.agent_version.to_string()),
@@ -68,6 +77,7 @@ fn cells(d: &DeviceView, now: Timestamp) -> [String; 6] {
 pub fn render_table(devices: &[&DeviceView], now: Timestamp) -> String {
     let header = [
         "DEVICE",
+        "CONNECTION",
         "AGENT",
         "CONFIG",
         "HEARTBEAT",
@@ -75,10 +85,10 @@ pub fn render_table(devices: &[&DeviceView], now: Timestamp) -> String {
         "WORKLOADS",
     ]
     .map(str::to_owned);
-    let rows: Vec<[String; 6]> = std::iter::once(header)
+    let rows: Vec<[String; 7]> = std::iter::once(header)
         .chain(devices.iter().map(|d| cells(d, now)))
         .collect();
-    let mut widths = [0usize; 6];
+    let mut widths = [0usize; 7];
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
@@ -97,6 +107,19 @@ pub fn render_table(devices: &[&DeviceView], now: Timestamp) -> String {
         out.push_str(line.trim_end());
         out.push('\n');
     }
+    // Why some are unknown, once: a server that did not say.
+    let mut gaps: Vec<&str> = devices
+        .iter()
+        .filter_map(|d| match &d.connection {
+            Some(Connection::Unknown { why }) => Some(why.as_str()),
+            _ => None,
+        })
+        .collect();
+    gaps.sort_unstable();
+    gaps.dedup();
+    for g in gaps {
+        let _ = writeln!(out, "connection unknown: {g}");
+    }
     out
 }
 
@@ -104,6 +127,19 @@ pub fn render_table(devices: &[&DeviceView], now: Timestamp) -> String {
 pub fn json_row(d: &DeviceView, now: Timestamp) -> serde_json::Value {
     serde_json::json!({
         "device": d.id,
+        "connection": d.connection.as_ref().map(Connection::name),
+        "connected": match &d.connection {
+            Some(Connection::Online(o)) => serde_json::to_value(o).ok(),
+            _ => None,
+        },
+        "offline-since": match &d.connection {
+            Some(Connection::Offline { last_seen }) => Some(*last_seen),
+            _ => None,
+        },
+        "connection-unknown": match &d.connection {
+            Some(Connection::Unknown { why }) => Some(why.as_str()),
+            _ => None,
+        },
         "agent-version": d.info.as_ref().map(|i| i.agent_version.clone()),
         "arch": d.info.as_ref().map(|i| i.arch),
         "config-state": d.info.as_ref().map(|i| i.config_state.state.name()),
@@ -159,10 +195,7 @@ pub fn group_line(group: &str, devices: &[&Device], now: Timestamp) -> String {
         {
             frozen += 1;
         }
-        if v.heartbeat
-            .as_ref()
-            .is_none_or(|h| h.stopping.is_some() || now.since(h.at) > STALE_HEARTBEAT)
-        {
+        if fleet::heartbeat_stale(v.heartbeat.as_ref(), now) {
             stale += 1;
         }
     }
@@ -260,6 +293,11 @@ pub fn device(conn: &nats::Connection, device: &str) -> Result<String, CtlError>
             let _ = writeln!(out, "device {d}: no device info yet");
         }
     }
+    let _ = writeln!(
+        out,
+        "connection: {}",
+        connection_detail(v.connection.as_ref())
+    );
     if let Some(h) = &v.heartbeat {
         let _ = write!(out, "heartbeat {} (up {} s)", h.at, h.uptime_secs);
         if let Some(s) = &h.stopping {
@@ -323,6 +361,27 @@ pub fn device(conn: &nats::Connection, device: &str) -> Result<String, CtlError>
     Ok(out)
 }
 
+/// The `device status` line of a connection.
+fn connection_detail(c: Option<&Connection>) -> String {
+    match c {
+        Some(Connection::Online(o)) => format!(
+            "online to server {}{}{}",
+            o.server,
+            o.since.map(|t| format!(" since {t}")).unwrap_or_default(),
+            o.rtt
+                .as_ref()
+                .map(|r| format!(", rtt {r}"))
+                .unwrap_or_default()
+        ),
+        Some(Connection::Offline { last_seen }) => {
+            format!("offline since {last_seen} (its last status write)")
+        }
+        Some(Connection::NeverSeen) => "never seen".to_owned(),
+        Some(Connection::Unknown { why }) => format!("unknown ({why})"),
+        None => "- (the cluster gives no presence: judged by heartbeat)".to_owned(),
+    }
+}
+
 /// One line for an intent the agent refused without a valid attempt
 /// identity: which value, the rule, when. (Excerpts are escaped ASCII.)
 pub fn refused_intent_summary(r: &RefusedIntent) -> String {
@@ -357,7 +416,7 @@ mod tests {
         let d = DeviceView::new(DeviceId::parse("dev1").expect("id"));
         assert_eq!(
             render_table(&[&d], Timestamp::now()),
-            "DEVICE  AGENT  CONFIG  HEARTBEAT  UPGRADE  WORKLOADS\ndev1    -      -       -          -        -\n"
+            "DEVICE  CONNECTION  AGENT  CONFIG  HEARTBEAT  UPGRADE  WORKLOADS\ndev1    -           -      -       -          -        -\n"
         );
     }
 }

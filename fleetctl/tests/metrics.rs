@@ -13,8 +13,8 @@ use fleet_common::subjects::{inbox_prefix, kv_subject};
 use fleet_common::validate::{Arch, BoundedText, DeviceId, Version};
 use fleet_common::Timestamp;
 use fleet_harness::{
-    bin_path, device_password, poll_until, promtool_ok, workspace_root, Alertmanager, ChildGuard,
-    NatsServer, NatsVersion, Prometheus, WebhookReceiver, NATS_ADMIN_PASSWORD,
+    device_password, poll_until, promtool_ok, workspace_root, Alertmanager, ChildGuard, NatsServer,
+    NatsVersion, Prometheus, WebhookReceiver, NATS_ADMIN_PASSWORD,
 };
 use rustix::process::Signal;
 use tempfile::TempDir;
@@ -343,8 +343,11 @@ fn a_scrape_passes_promtool_counts_unreadable_values_and_says_when_its_view_is_s
     });
 }
 
-/// A real agent (`fleet-agent run`, Podman off) of device `id`, writing
-/// its heartbeat every second (`keepalive-secs` 1) while it runs.
+/// A real agent of device `id` (Podman off): the released 0.2.0, which
+/// writes its heartbeat at its interval (here every second), so that the
+/// exporter's heartbeat rule for it (stale past 90 s) is what a frozen
+/// agent crosses. Agents from 0.3.0 write an hourly keep-alive and are
+/// judged stale only past 4,050 s by that rule.
 fn agent(f: &Fleet, id: &str, dir: &Path) -> ChildGuard {
     let root = dir.join(id);
     std::fs::create_dir_all(&root).expect("mkdir");
@@ -357,12 +360,18 @@ fn agent(f: &Fleet, id: &str, dir: &Path) -> ChildGuard {
             "auth": {"method": "user-password", "user": id, "password-file": pw},
         },
         "podman": {"enabled": false},
-        "intervals": {"heartbeat-secs": 1, "keepalive-secs": 1, "resync-secs": 2},
+        "intervals": {"heartbeat-secs": 1, "resync-secs": 2},
         "root": root,
     });
     let path = root.join("agent.json");
     std::fs::write(&path, config.to_string()).expect("write");
-    let mut cmd = Command::new(bin_path("fleet-agent"));
+    let binary = fleet_harness::test_agent_path(fleet_harness::RELEASED_AGENT_0_2_VERSION);
+    assert!(
+        binary.is_file(),
+        "{} is missing: run `make test-agents`",
+        binary.display()
+    );
+    let mut cmd = Command::new(binary);
     cmd.args(["run", "--config"])
         .arg(&path)
         .env_remove("NOTIFY_SOCKET");

@@ -17,6 +17,7 @@ mod device;
 mod generate;
 mod metrics;
 mod nats_config;
+mod presence;
 mod rollout;
 mod status;
 mod upgrade;
@@ -64,6 +65,7 @@ enum Command {
     Status(status::Status),
     Watch(watch::Watch),
     Metrics(metrics::Metrics),
+    Presence(presence::Presence),
     #[command(hide = true)]
     Generate(generate::Generate),
 }
@@ -81,6 +83,7 @@ impl Command {
             Self::Status(c) => c.run(),
             Self::Watch(c) => c.run(),
             Self::Metrics(c) => c.run(),
+            Self::Presence(c) => c.run(),
             Self::Generate(c) => c.run(),
         }
     }

@@ -31,7 +31,6 @@ use fleet_common::subjects::{BUCKET_OPERATOR, BUCKET_STATUS, LABELS_PREFIX};
 use fleet_common::Timestamp;
 
 use crate::error::CtlError;
-use crate::fleet::STALE_HEARTBEAT;
 use crate::js::{self, Follow, Followed, KvEntry};
 
 pub use render::Bounds;
@@ -71,14 +70,20 @@ impl Connection {
 }
 
 /// The exporter's one judgement of whether a device is connected: the
-/// rule fleetctl has ([`STALE_HEARTBEAT`]). Every series that depends
-/// on it calls this function and nothing else, so a better source
-/// (the cluster's presence) replaces it here alone.
-pub fn connection_state(heartbeat: Option<(Timestamp, bool)>, now: Timestamp) -> Connection {
+/// heartbeat rule of fleetctl, by agent version (`stale_after`, from
+/// [`crate::fleet::stale_after`]: 90 s before 0.3.0, the hourly
+/// keep-alive's bound since). Every series that depends on it calls this
+/// function and nothing else, so the cluster's presence
+/// (docs/design/presence.md) replaces it here alone.
+pub fn connection_state(
+    heartbeat: Option<(Timestamp, bool)>,
+    stale_after: Duration,
+    now: Timestamp,
+) -> Connection {
     match heartbeat {
         None => Connection::Unknown,
         Some((_, true)) => Connection::Stopped,
-        Some((at, false)) if now.since(at) > STALE_HEARTBEAT => Connection::Stale,
+        Some((at, false)) if now.since(at) > stale_after => Connection::Stale,
         Some(_) => Connection::Online,
     }
 }
@@ -301,6 +306,7 @@ fn follow(conn: &nats::Connection, shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fleet::STALE_HEARTBEAT;
 
     #[test]
     fn a_device_is_judged_by_its_last_heartbeat() {
@@ -311,17 +317,24 @@ mod tests {
                 false,
             ))
         };
-        assert_eq!(connection_state(None, now), Connection::Unknown);
         assert_eq!(
-            connection_state(at(Duration::from_secs(5)), now),
+            connection_state(None, STALE_HEARTBEAT, now),
+            Connection::Unknown
+        );
+        assert_eq!(
+            connection_state(at(Duration::from_secs(5)), STALE_HEARTBEAT, now),
             Connection::Online
         );
         assert_eq!(
-            connection_state(at(STALE_HEARTBEAT + Duration::from_secs(1)), now),
+            connection_state(
+                at(STALE_HEARTBEAT + Duration::from_secs(1)),
+                STALE_HEARTBEAT,
+                now
+            ),
             Connection::Stale
         );
         assert_eq!(
-            connection_state(Some((now, true)), now),
+            connection_state(Some((now, true)), STALE_HEARTBEAT, now),
             Connection::Stopped
         );
     }

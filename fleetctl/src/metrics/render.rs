@@ -151,7 +151,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         let d: &DeviceState = d;
         let id = id.as_str();
         let g = d.groups.as_slice();
-        let conn = connection_state(d.heartbeat, now);
+        let conn = connection_state(d.heartbeat, d.stale_after, now);
         bump(
             &mut devices,
             [

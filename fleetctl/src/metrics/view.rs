@@ -47,6 +47,9 @@ pub struct DeviceState {
     pub frozen_since: Option<Timestamp>,
     /// The last heartbeat's time and whether it was the last of a run.
     pub heartbeat: Option<(Timestamp, bool)>,
+    /// How old that heartbeat may be for its agent's version
+    /// ([`crate::fleet::stale_after`]).
+    pub stale_after: std::time::Duration,
     pub upgrade: Option<Upgrade>,
     /// Workload name to its observed state.
     pub workloads: BTreeMap<String, &'static str>,
@@ -228,6 +231,7 @@ fn set(d: &mut DeviceState, key: StatusKey, bytes: &[u8]) -> bool {
                 return false;
             };
             d.heartbeat = Some((h.at, h.stopping.is_some()));
+            d.stale_after = crate::fleet::stale_after(&h.agent_version);
         }
         StatusKey::Upgrade => {
             let Ok(u) = serde_json::from_slice::<UpgradeReport>(bytes) else {

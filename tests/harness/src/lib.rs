@@ -47,8 +47,8 @@ pub use idp::{
 };
 pub use isolation::{admin_get, assert_device_isolation, DeviceClient};
 pub use nats::{
-    device_password, fleet_server_config, ClusterOptions, NatsCluster, NatsServer, NatsVersion,
-    NATS_ADMIN_PASSWORD,
+    device_password, fleet_server_config, without_presence, ClusterOptions, NatsCluster,
+    NatsServer, NatsVersion, NATS_ADMIN_PASSWORD,
 };
 pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;

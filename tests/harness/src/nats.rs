@@ -93,6 +93,30 @@ pub fn device_password(id: &str) -> String {
 /// Writes the server config text for the fleet layout (listening on
 /// 127.0.0.1:`listen_port`), generated from `fleet_common` so it cannot
 /// drift from production. Panics on an invalid device id.
+/// A generated fleet config as it was before presence: without the system
+/// account's exports to `FLEET` and their imports (docs/design/presence.md).
+pub fn without_presence(text: &str) -> String {
+    let mut out = Vec::new();
+    let mut in_sys = false;
+    for line in text.lines() {
+        if line == "  SYS {" {
+            in_sys = true;
+            continue;
+        }
+        if in_sys {
+            in_sys = line != "  }";
+            continue;
+        }
+        if line.starts_with("system_account") || line.contains("account: SYS") {
+            continue;
+        }
+        out.push(line);
+    }
+    let out = out.join("\n");
+    assert!(!out.contains("SYS"), "presence left in:\n{out}");
+    out
+}
+
 pub fn fleet_server_config(
     devices: &[(&str, &str)],
     admin_password: &str,
@@ -239,6 +263,27 @@ impl NatsServer {
             }
         }
         panic!("nats-server {v:?}: every picked port was taken ({PORT_ATTEMPTS} attempts)");
+    }
+
+    /// [`start_fleet`](Self::start_fleet) with a config as generated before
+    /// presence ([`without_presence`]): fleetctl judges devices by their
+    /// heartbeats, as tests that simulate devices by writing their keys
+    /// (without connecting) need.
+    pub fn start_fleet_without_presence(v: NatsVersion, devices: &[&str]) -> NatsServer {
+        let passwords: Vec<String> = devices.iter().map(|d| device_password(d)).collect();
+        let creds: Vec<(&str, &str)> = devices
+            .iter()
+            .zip(&passwords)
+            .map(|(d, p)| (*d, p.as_str()))
+            .collect();
+        Self::start_with_config(v, |port, store| {
+            without_presence(&fleet_server_config(
+                &creds,
+                NATS_ADMIN_PASSWORD,
+                port,
+                store,
+            ))
+        })
     }
 
     /// A fleet-layout server from a config the test writes:
