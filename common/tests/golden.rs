@@ -1077,7 +1077,8 @@ fn operator_labels_and_rollout_state() {
     let d = |s: &str| DeviceId::parse(s).expect("device");
     let state = RolloutState {
         id: "r-6d0b4c39".to_owned(),
-        release: release(),
+        release: Some(release()),
+        workload: None,
         selector: Some("site=berlin,tier!=lab".to_owned()),
         batches: vec!["1".to_owned(), "50%".to_owned(), "100%".to_owned()],
         success_threshold_pct: 95,

@@ -4,6 +4,8 @@
 //! document already holds this very spec is left alone and says so, so a
 //! re-run is idempotent and only reaches devices that joined the group (or
 //! whose spec differs) since. `--dry-run` reads and says what would change.
+//! A device whose agent is too old for a field of the spec is refused and
+//! says which version it needs; the others are written.
 
 use std::fmt::Write;
 use std::path::Path;
@@ -46,6 +48,16 @@ pub fn apply(
     let mut lines = String::new();
     for d in &devices {
         let id = &d.view.id;
+        if let Some(why) = d
+            .view
+            .info
+            .as_ref()
+            .and_then(|i| crate::workload_rollout::too_old(&spec, &i.agent_version))
+        {
+            failed += 1;
+            let _ = writeln!(lines, "{id}: refused: {why}");
+            continue;
+        }
         let line = match read_document(conn, id) {
             Err(e) => {
                 failed += 1;

@@ -36,6 +36,7 @@ mod status;
 mod upgrade;
 mod watch;
 mod workload;
+mod workload_rollout;
 
 fn main() -> std::process::ExitCode {
     cli::main()
