@@ -459,6 +459,59 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
         rig.wait_healthy(d, &h1);
     }
 
+    // A fleetctl killed mid-batch: another process resumes it and writes
+    // no device twice.
+    let v3 = {
+        let file = rig.work.path().join("v3.json");
+        std::fs::write(
+            &file,
+            json!({"image": fleet_harness::BUSYBOX_IMAGE, "command": ["sh", "-c", SLEEPER],
+                   "env": {"TAG": "v3"}, "health": {"healthy-after-secs": 4}})
+            .to_string(),
+        )
+        .expect("write");
+        file.to_str().expect("utf8").to_owned()
+    };
+    let mut first = ChildGuard::spawn(
+        rig.command(&[
+            "workload",
+            "rollout",
+            "-l",
+            "ring=a",
+            "web",
+            &v3,
+            "--batches",
+            "2,100%",
+        ]),
+        "fleetctl-killed",
+    );
+    first.wait_for_line("wr-2: wrote web spec ", SETTLE);
+    first.kill();
+    let killed_id = rollout_id(&first.log());
+    let revisions: Vec<u64> = ["wr-1", "wr-2"].iter().map(|d| rig.document(d).0).collect();
+    let mut second = ChildGuard::spawn(
+        rig.command(&["rollout", "resume", &killed_id]),
+        "fleetctl-resume",
+    );
+    let exit = second.wait_exit(SETTLE);
+    let log2 = second.log();
+    assert_eq!(exit.code(), Some(0), "{log2}");
+    assert!(
+        log2.contains(&format!("rollout {killed_id} resumed")),
+        "{log2}"
+    );
+    let all = format!("{}{log2}", first.log());
+    for d in NEW {
+        assert_eq!(
+            all.matches(&format!("{d}: wrote web spec ")).count(),
+            1,
+            "{d} written once\n{all}"
+        );
+    }
+    for (d, rev) in ["wr-1", "wr-2"].iter().zip(revisions) {
+        assert_eq!(rig.document(d).0, rev, "{d} written again\n{all}");
+    }
+
     // An agent rollout state of fleetctl 0.2 is listed beside them.
     let old_state = std::fs::read(
         fleet_harness::workspace_root().join("common/tests/golden/rollout-state.json"),
@@ -485,6 +538,7 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
         "{ls}"
     );
     assert!(ls.contains("r-6d0b4c39 (halted): "), "{ls}");
+    assert!(ls.contains(&format!("{killed_id} (complete): ")), "{ls}");
     let out = rig.fleetctl(&["rollout", "status", "r-6d0b4c39"]);
     assert!(out.status.success(), "{}", text(&out));
     let out = rig.fleetctl(&["rollout", "undo", "r-6d0b4c39"]);
