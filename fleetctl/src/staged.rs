@@ -1320,7 +1320,7 @@ pub fn ls(conn: &nats::Connection) -> Result<String, CtlError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use fleet_common::contracts::{
         ConfigState, ConfigStateReport, DeviceInfo, Heartbeat, UpgradeReason, UpgradeStatus,
@@ -1335,7 +1335,8 @@ mod tests {
         .expect("release")
     }
 
-    fn device(i: usize, now: Timestamp) -> Device {
+    /// Device `dev<i>` on agent 1.0, configured, with a fresh heartbeat.
+    pub(crate) fn device(i: usize, now: Timestamp) -> Device {
         let id = DeviceId::parse(&format!("dev{i:05}")).expect("id");
         let mut view = DeviceView::new(id.clone());
         let state = ConfigStateReport {

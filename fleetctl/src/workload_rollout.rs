@@ -581,3 +581,246 @@ pub fn undo(conn: &nats::Connection, id: &str) -> Result<Undo, CtlError> {
         failed,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::staged::tests::device as staged_device;
+    use crate::staged::{decide_with, new_state, parse_batches, Policy};
+    use fleet_common::contracts::{
+        ConfigState, Freeze, Revert, RevertReason, RolloutState, WorkloadHealth,
+    };
+    use fleet_common::validate::Version;
+    use std::time::Duration;
+
+    /// Device `dev<i>` on agent 0.3.0.
+    fn device(i: usize, now: Timestamp) -> Device {
+        let mut d = staged_device(i, now);
+        if let Some(info) = d.view.info.as_mut() {
+            info.agent_version = Version::parse("0.3.0").expect("v");
+        }
+        d
+    }
+
+    fn spec(tag: &str) -> WorkloadSpec {
+        WorkloadSpec::from_json(
+            format!(
+                r#"{{"image":"localhost/app:1","env":{{"TAG":"{tag}"}},"health":{{"healthy-after-secs":1}}}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("spec")
+    }
+
+    fn target(s: WorkloadSpec) -> WorkloadRollout {
+        WorkloadRollout {
+            workload: WorkloadName::parse("web").expect("name"),
+            spec_hash: s.spec_hash(),
+            spec: s,
+            previous: BTreeMap::new(),
+            specs: BTreeMap::new(),
+            undone_at: None,
+        }
+    }
+
+    fn policy(batches: &str) -> Policy {
+        Policy {
+            batches: parse_batches(batches).expect("batches"),
+            success_threshold_pct: 100,
+            batch_timeout: Duration::from_secs(60),
+            max_unavailable: None,
+            group_by: None,
+        }
+    }
+
+    /// What NATS holds once `writes` are written: each document, at a
+    /// new revision.
+    fn apply(facts: &mut Facts, writes: &[Write]) {
+        for w in writes {
+            let Write::Spec(s) = w else {
+                panic!("a spec write")
+            };
+            let doc = DesiredWorkloadsRaw::from_json(&s.doc).expect("document");
+            facts.docs.insert(
+                s.device.clone(),
+                (
+                    Ok(Document {
+                        workloads: doc.workloads,
+                    }),
+                    s.seq + 1,
+                ),
+            );
+        }
+    }
+
+    fn healthy(facts: &mut Facts, id: &DeviceId, h: &Sha256Hex, now: Timestamp) {
+        let w = WorkloadHealth {
+            health: HealthState::Healthy,
+            spec_hash: h.clone(),
+            last_probe: None,
+            restarts_last_hour: 0,
+            reverted: None,
+            since: now,
+        };
+        facts.health.insert(
+            id.clone(),
+            HealthReport {
+                workloads: BTreeMap::from([(WorkloadName::parse("web").expect("name"), w)]),
+                observed_at: now,
+            },
+        );
+    }
+
+    #[test]
+    fn a_resumed_driver_writes_no_device_twice_and_frozen_devices_wait() {
+        let now = Timestamp::now();
+        let mut devices: Vec<Device> = (0..5).map(|i| device(i, now)).collect();
+        if let Some(i) = devices[3].view.info.as_mut() {
+            i.config_state.state = ConfigState::Changefreeze(Freeze {
+                since: now,
+                reason: None,
+                caller_uid: 0,
+            });
+        }
+        let old = spec("v1");
+        let mut facts = Facts::default();
+        // dev00000 runs v1; the others do not have the workload.
+        apply(
+            &mut facts,
+            &[Write::Spec(SpecWrite {
+                device: devices[0].view.id.clone(),
+                seq: 0,
+                doc: serde_json::to_vec(&Document {
+                    workloads: BTreeMap::from([(
+                        "web".to_owned(),
+                        serde_json::value::to_raw_value(&old).expect("raw"),
+                    )]),
+                })
+                .expect("doc"),
+                previous: PreviousSpec::Absent,
+                previous_spec: None,
+            })],
+        );
+        let t = target(spec("v2"));
+        let h = t.spec_hash.clone();
+        let (chosen, left_out) = staged::choose(
+            &WorkloadJudge {
+                target: &t,
+                facts: &facts,
+            },
+            &devices,
+        );
+        assert!(left_out.is_empty(), "{left_out:?}");
+        let mut state: RolloutState = new_state(
+            "r-w".into(),
+            None,
+            Some(t),
+            None,
+            &policy("2,100%"),
+            chosen,
+            now,
+        )
+        .expect("state");
+        let fleet: BTreeMap<DeviceId, Device> = devices
+            .into_iter()
+            .map(|d| (d.view.id.clone(), d))
+            .collect();
+        let tick = |state: &mut RolloutState, facts: &Facts, seen: &mut BTreeMap<_, _>| {
+            let target = state.workload.clone().expect("workload");
+            let judge = WorkloadJudge {
+                target: &target,
+                facts,
+            };
+            let t = decide_with(state, &fleet, now, seen, &judge);
+            if let Some(w) = state.workload.as_mut() {
+                record_previous(w, &t.writes);
+            }
+            t
+        };
+        let t1 = tick(&mut state, &facts, &mut BTreeMap::new());
+        let written: Vec<&str> = t1.writes.iter().map(|w| w.device().as_str()).collect();
+        assert_eq!(written, ["dev00000", "dev00001"]);
+        apply(&mut facts, &t1.writes);
+        // Killed here; another driver (nothing seen) writes nothing again.
+        let t2 = tick(&mut state, &facts, &mut BTreeMap::new());
+        assert!(t2.writes.is_empty(), "{:?}", t2.writes);
+        assert_eq!(t2.counts.in_flight, 2);
+        let w = state.workload.as_ref().expect("workload");
+        assert_eq!(
+            w.previous.get(&fleet.keys().next().cloned().expect("id")),
+            Some(&PreviousSpec::Spec(old.spec_hash()))
+        );
+        assert_eq!(w.specs.get(&old.spec_hash()), Some(&old));
+        for id in ["dev00000", "dev00001"] {
+            healthy(&mut facts, &DeviceId::parse(id).expect("id"), &h, now);
+        }
+        let mut seen = BTreeMap::new();
+        let t3 = tick(&mut state, &facts, &mut seen);
+        assert!(t3.writes.is_empty());
+        assert_eq!(state.current_batch, 1);
+        let t4 = tick(&mut state, &facts, &mut seen);
+        let written: Vec<&str> = t4.writes.iter().map(|w| w.device().as_str()).collect();
+        assert_eq!(written, ["dev00002", "dev00004"], "dev00003 is frozen");
+        apply(&mut facts, &t4.writes);
+        for id in ["dev00002", "dev00004"] {
+            healthy(&mut facts, &DeviceId::parse(id).expect("id"), &h, now);
+        }
+        tick(&mut state, &facts, &mut seen);
+        assert_eq!(state.phase, RolloutPhase::Complete);
+        assert_eq!(state.results[1].frozen.len(), 1);
+        // The state round-trips (what a resuming fleetctl reads).
+        let back: RolloutState =
+            serde_json::from_slice(&serde_json::to_vec(&state).expect("json")).expect("parse");
+        assert_eq!(back, state);
+    }
+
+    #[test]
+    fn devices_that_cannot_take_the_spec_are_left_out_and_reports_fail_the_others() {
+        let now = Timestamp::now();
+        let mut devices: Vec<Device> = (0..3).map(|i| device(i, now)).collect();
+        if let Some(i) = devices[0].view.info.as_mut() {
+            i.agent_version = Version::parse("0.2.0").expect("v");
+        }
+        let t = target(spec("v2"));
+        let mut facts = Facts::default();
+        let judge = WorkloadJudge {
+            target: &t,
+            facts: &facts,
+        };
+        let (chosen, left_out) = staged::choose(&judge, &devices);
+        assert_eq!(chosen.len(), 2);
+        assert_eq!(
+            left_out,
+            ["dev00000: left out: agent 0.2.0 does not read the spec's `health` (it needs agent 0.3.0 or later): upgrade the device first"]
+        );
+        // Reverted on dev00001; healthy elsewhere on another spec: not done.
+        let restored = spec("v1").spec_hash();
+        healthy(&mut facts, &devices[1].view.id, &restored, now);
+        if let Some(w) = facts
+            .health
+            .get_mut(&devices[1].view.id)
+            .and_then(|r| r.workloads.values_mut().next())
+        {
+            w.reverted = Some(Revert {
+                failed_spec_hash: t.spec_hash.clone(),
+                restored_spec_hash: restored.clone(),
+                reason: RevertReason::CrashLoop,
+                detail: None,
+                at: now,
+            });
+        }
+        healthy(&mut facts, &devices[2].view.id, &restored, now);
+        let judge = WorkloadJudge {
+            target: &t,
+            facts: &facts,
+        };
+        assert_eq!(
+            judge.classify(&devices[1]),
+            Class::Failed(format!(
+                "reverted to spec {} (crash-loop)",
+                &restored.as_str()[..12]
+            ))
+        );
+        assert!(matches!(judge.classify(&devices[2]), Class::Waiting(_)));
+    }
+}
