@@ -268,18 +268,17 @@ impl Judge for WorkloadJudge<'_> {
 /// Keeps what each device about to be written held (before the state
 /// carrying it is written, and that before the devices).
 pub fn record_previous(target: &mut WorkloadRollout, writes: &[Write]) {
+    if writes.is_empty() {
+        return;
+    }
+    // A device recorded already keeps its first record.
+    let known = target.previous.by_device();
     for w in writes {
         if let Write::Spec(s) = w {
-            // A device written already keeps its first record.
-            target
-                .previous
-                .entry(s.device.clone())
-                .or_insert_with(|| s.previous.clone());
-            if let (PreviousSpec::Spec(h), Some(spec)) = (&s.previous, &s.previous_spec) {
+            if !known.contains_key(&s.device) {
                 target
-                    .specs
-                    .entry(h.clone())
-                    .or_insert_with(|| spec.clone());
+                    .previous
+                    .record(s.device.clone(), &s.previous, s.previous_spec.as_ref());
             }
         }
     }
@@ -337,8 +336,7 @@ pub fn start(
         workload: name,
         spec_hash: spec.spec_hash(),
         spec,
-        previous: BTreeMap::new(),
-        specs: BTreeMap::new(),
+        previous: Default::default(),
         undone_at: None,
     };
     let devices = labels::select(conn, selector, crate::fleet::Keys::Rollout)?;
@@ -428,7 +426,8 @@ pub fn undo(conn: &nats::Connection, id: &str) -> Result<Undo, CtlError> {
     let mut lines: BTreeMap<DeviceId, String> = BTreeMap::new();
     let mut writes: Vec<SpecWrite> = Vec::new();
     let mut failed = 0usize;
-    for (dev, prev) in &target.previous {
+    let (mut already, mut changed) = (0usize, 0usize);
+    for (dev, prev) in &target.previous.by_device() {
         let (doc, seq) = match facts.docs.get(dev) {
             None => (&Ok(Document::default()), 0),
             Some((d, s)) => (d, *s),
@@ -450,8 +449,10 @@ pub fn undo(conn: &nats::Connection, id: &str) -> Result<Undo, CtlError> {
                 PreviousSpec::Invalid => false,
             };
             let line = if back {
+                already += 1;
                 format!("{dev}: already on its previous spec")
             } else {
+                changed += 1;
                 format!(
                     "{dev}: left alone: its document no longer holds this rollout's spec (changed since)"
                 )
@@ -466,8 +467,8 @@ pub fn undo(conn: &nats::Connection, id: &str) -> Result<Undo, CtlError> {
             }
             PreviousSpec::Spec(h) => {
                 let Some(raw) = target
-                    .specs
-                    .get(h)
+                    .previous
+                    .spec(h)
                     .and_then(|s| serde_json::value::to_raw_value(s).ok())
                 else {
                     failed += 1;
@@ -523,7 +524,7 @@ pub fn undo(conn: &nats::Connection, id: &str) -> Result<Undo, CtlError> {
                 if let Some(legacy) = &legacy {
                     let key = desired_key(&s.device, &target.workload);
                     let spec = match &s.previous {
-                        PreviousSpec::Spec(h) => target.specs.get(h),
+                        PreviousSpec::Spec(h) => target.previous.spec(h),
                         _ => None,
                     };
                     let r = match spec {
@@ -572,8 +573,7 @@ pub fn undo(conn: &nats::Connection, id: &str) -> Result<Undo, CtlError> {
         let _ = writeln!(out, "{l}");
     }
     let summary = format!(
-        "rollout {id} undone: {put_back} of {} devices written put back, {failed} not\n",
-        target.previous.len()
+        "rollout {id} undone: {put_back} devices put back, {already} already back, {changed} changed since (left alone), {failed} not put back\n"
     );
     Ok(Undo {
         lines: out,
@@ -617,8 +617,7 @@ mod tests {
             workload: WorkloadName::parse("web").expect("name"),
             spec_hash: s.spec_hash(),
             spec: s,
-            previous: BTreeMap::new(),
-            specs: BTreeMap::new(),
+            previous: Default::default(),
             undone_at: None,
         }
     }
@@ -747,10 +746,13 @@ mod tests {
         assert_eq!(t2.counts.in_flight, 2);
         let w = state.workload.as_ref().expect("workload");
         assert_eq!(
-            w.previous.get(&fleet.keys().next().cloned().expect("id")),
+            w.previous
+                .by_device()
+                .get(&fleet.keys().next().cloned().expect("id")),
             Some(&PreviousSpec::Spec(old.spec_hash()))
         );
-        assert_eq!(w.specs.get(&old.spec_hash()), Some(&old));
+        assert_eq!(w.previous.spec(&old.spec_hash()), Some(&old));
+        assert_eq!(w.previous.absent.len(), 1);
         for id in ["dev00000", "dev00001"] {
             healthy(&mut facts, &DeviceId::parse(id).expect("id"), &h, now);
         }
@@ -822,5 +824,97 @@ mod tests {
             ))
         );
         assert!(matches!(judge.classify(&devices[2]), Class::Waiting(_)));
+    }
+
+    /// A workload rollout's bookkeeping over 10,000 simulated devices that
+    /// report healthy as soon as written, one tick at a time: the slowest
+    /// tick and the size of the state (one `fleet-operator` value, bounded
+    /// by the server's max_payload) are printed.
+    #[test]
+    fn ten_thousand_devices_and_the_size_of_their_state() {
+        let now = Timestamp::now();
+        let devices: Vec<Device> = (0..10_000).map(|i| device(i, now)).collect();
+        let old = spec("v1");
+        let raw = serde_json::to_vec(&Document {
+            workloads: BTreeMap::from([(
+                "web".to_owned(),
+                serde_json::value::to_raw_value(&old).expect("raw"),
+            )]),
+        })
+        .expect("doc");
+        let mut facts = Facts::default();
+        for d in &devices {
+            let doc = DesiredWorkloadsRaw::from_json(&raw).expect("doc");
+            facts.docs.insert(
+                d.view.id.clone(),
+                (
+                    Ok(Document {
+                        workloads: doc.workloads,
+                    }),
+                    7,
+                ),
+            );
+        }
+        let t = target(spec("v2"));
+        let h = t.spec_hash.clone();
+        let started = std::time::Instant::now();
+        let (chosen, _) = staged::choose(
+            &WorkloadJudge {
+                target: &t,
+                facts: &facts,
+            },
+            &devices,
+        );
+        let mut state = new_state(
+            "r-bench".into(),
+            None,
+            Some(t),
+            None,
+            &policy("1,1%,10%,100%"),
+            chosen,
+            now,
+        )
+        .expect("state");
+        let created = started.elapsed();
+        let fleet: BTreeMap<DeviceId, Device> = devices
+            .into_iter()
+            .map(|d| (d.view.id.clone(), d))
+            .collect();
+        let mut seen = BTreeMap::new();
+        let (mut ticks, mut written) = (Vec::new(), 0usize);
+        while state.phase == RolloutPhase::Running {
+            let started = std::time::Instant::now();
+            let target = state.workload.clone().expect("workload");
+            let tick = decide_with(
+                &mut state,
+                &fleet,
+                now,
+                &mut seen,
+                &WorkloadJudge {
+                    target: &target,
+                    facts: &facts,
+                },
+            );
+            if let Some(w) = state.workload.as_mut() {
+                record_previous(w, &tick.writes);
+            }
+            ticks.push(started.elapsed());
+            written += tick.writes.len();
+            apply(&mut facts, &tick.writes);
+            for w in &tick.writes {
+                healthy(&mut facts, w.device(), &h, now);
+            }
+            assert!(ticks.len() < 100, "no progress");
+        }
+        assert_eq!(state.phase, RolloutPhase::Complete);
+        assert_eq!(written, 10_000);
+        let bytes = serde_json::to_vec(&state).expect("json").len();
+        let slowest = ticks.iter().max().copied().unwrap_or_default();
+        eprintln!(
+            "workload rollout bookkeeping, 10,000 devices: created in {created:?}, {} ticks, slowest {slowest:?}, state {bytes} bytes",
+            ticks.len()
+        );
+        assert!(slowest < Duration::from_secs(10), "{slowest:?}");
+        assert_eq!(state.workload.map(|w| w.previous.specs.len()), Some(1));
     }
 }

@@ -325,6 +325,7 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let dry = text(&out);
+    eprintln!("--- dry run ---\n{dry}");
     assert!(dry.contains("batch 1/2: wr-1 wr-2\n"), "{dry}");
     assert!(dry.contains("batch 2/2: wr-3 wr-4 wr-5 wr-6\n"), "{dry}");
     assert!(dry.contains("old-1: left out: agent 0.2.0"), "{dry}");
@@ -350,6 +351,7 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
     let exit = r.wait_exit(SETTLE);
     let log = r.log();
     assert_eq!(exit.code(), Some(8), "{log}");
+    eprintln!("--- bad rollout ---\n{log}");
     let bad_id = rollout_id(&log);
     assert!(
         log.contains("old-1: left out: agent 0.2.0 does not read the spec's `health` (it needs agent 0.3.0 or later)"),
@@ -385,8 +387,10 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
     assert_eq!(rig.document(OLD).1.as_deref(), Some(h_plain.as_str()));
     let out = rig.fleetctl(&["rollout", "resume", &bad_id]);
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+    eprintln!("--- resume ---\n{}", text(&out));
     let out = rig.fleetctl(&["rollout", "status", &bad_id]);
     assert!(out.status.success(), "{}", text(&out));
+    eprintln!("--- status ---\n{}", text(&out));
     assert!(
         text(&out).contains(&format!(
             "rollout {bad_id} (halted): workload web spec {} to 6 devices",
@@ -400,11 +404,15 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
     let out = rig.fleetctl(&["rollout", "undo", &bad_id]);
     assert!(out.status.success(), "{}", text(&out));
     let undo = text(&out);
+    eprintln!("--- undo ---\n{undo}");
     assert!(
         undo.contains(&format!("wr-1: put back: web spec {}", &h1[..12])),
         "{undo}"
     );
-    assert!(undo.contains("2 of 2 devices written put back"), "{undo}");
+    assert!(
+        undo.contains("undone: 2 devices put back, 0 already back, 0 changed since (left alone), 0 not put back"),
+        "{undo}"
+    );
     for d in NEW {
         assert_eq!(rig.document(d).1.as_deref(), Some(h1.as_str()), "{d}");
     }
@@ -436,6 +444,7 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
     let exit = r.wait_exit(SETTLE);
     let log = r.log();
     assert_eq!(exit.code(), Some(0), "{log}");
+    eprintln!("--- good rollout ---\n{log}");
     assert!(log.contains("\"event\":\"complete\""), "{log}");
     let good_id = log
         .lines()
@@ -450,7 +459,7 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
     let out = rig.fleetctl(&["rollout", "undo", &good_id]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("6 of 6 devices written put back"),
+        text(&out).contains("undone: 6 devices put back, 0 already back"),
         "{}",
         text(&out)
     );
@@ -525,6 +534,7 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
         .expect("put");
     let out = rig.fleetctl(&["rollout", "ls"]);
     let ls = text(&out);
+    eprintln!("--- ls ---\n{ls}");
     assert!(out.status.success(), "{ls}");
     assert!(
         ls.contains(&format!(

@@ -196,10 +196,88 @@ pub struct BatchResult {
 pub enum PreviousSpec {
     /// The device did not have the workload: undo removes it.
     Absent,
-    /// This spec (kept once in [`WorkloadRollout::specs`]).
+    /// This spec (kept once in [`PreviousSpecs::specs`]).
     Spec(Sha256Hex),
     /// A spec that did not validate: undo cannot put it back.
     Invalid,
+}
+
+/// The devices that ran one previous spec, and the spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SpecDevices {
+    pub spec: WorkloadSpec,
+    pub devices: Vec<DeviceId>,
+}
+
+/// Each device's previous spec, grouped by spec so that a rollout over
+/// 10,000 devices that mostly ran the same spec keeps each device id once
+/// and each spec once (one `fleet-operator` value holds it all).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PreviousSpecs {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub absent: Vec<DeviceId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invalid: Vec<DeviceId>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub specs: BTreeMap<Sha256Hex, SpecDevices>,
+}
+
+impl PreviousSpecs {
+    /// Every recorded device with what it held.
+    pub fn by_device(&self) -> BTreeMap<DeviceId, PreviousSpec> {
+        let mut m = BTreeMap::new();
+        for d in &self.absent {
+            m.insert(d.clone(), PreviousSpec::Absent);
+        }
+        for d in &self.invalid {
+            m.insert(d.clone(), PreviousSpec::Invalid);
+        }
+        for (h, g) in &self.specs {
+            for d in &g.devices {
+                m.insert(d.clone(), PreviousSpec::Spec(h.clone()));
+            }
+        }
+        m
+    }
+
+    /// Records `device` (the caller checks it is not recorded yet);
+    /// `spec` is the spec of a [`PreviousSpec::Spec`].
+    pub fn record(
+        &mut self,
+        device: DeviceId,
+        previous: &PreviousSpec,
+        spec: Option<&WorkloadSpec>,
+    ) {
+        match (previous, spec) {
+            (PreviousSpec::Absent, _) => self.absent.push(device),
+            (PreviousSpec::Spec(h), Some(spec)) => self
+                .specs
+                .entry(h.clone())
+                .or_insert_with(|| SpecDevices {
+                    spec: spec.clone(),
+                    devices: Vec::new(),
+                })
+                .devices
+                .push(device),
+            (PreviousSpec::Invalid, _) | (PreviousSpec::Spec(_), None) => self.invalid.push(device),
+        }
+    }
+
+    pub fn spec(&self, h: &Sha256Hex) -> Option<&WorkloadSpec> {
+        self.specs.get(h).map(|g| &g.spec)
+    }
+
+    pub fn len(&self) -> usize {
+        self.absent.len()
+            + self.invalid.len()
+            + self.specs.values().map(|g| g.devices.len()).sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The target of a workload rollout: one workload's spec.
@@ -212,10 +290,7 @@ pub struct WorkloadRollout {
     /// Each device's previous spec of the workload, recorded (in the state
     /// written by compare-and-set) before its document is written.
     #[serde(default)]
-    pub previous: BTreeMap<DeviceId, PreviousSpec>,
-    /// The previous specs by hash, each once.
-    #[serde(default)]
-    pub specs: BTreeMap<Sha256Hex, WorkloadSpec>,
+    pub previous: PreviousSpecs,
     /// When `rollout undo` last ran (it may run again: it is idempotent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undone_at: Option<Timestamp>,
