@@ -321,17 +321,21 @@ pub fn write_docs(
 /// `fleetctl workload rollout [-l SELECTOR] NAME SPEC.json --batches ...
 /// [--dry-run]`: validates the spec (nothing is written when it fails),
 /// creates the rollout and drives it.
+/// The workload name and the spec in `file`, validated (before fleetctl
+/// connects: bad input changes nothing).
+pub fn read_target(workload: &str, file: &Path) -> Result<(WorkloadName, WorkloadSpec), CtlError> {
+    let name = WorkloadName::parse(workload).map_err(|e| CtlError::Input(e.to_string()))?;
+    Ok((name, read_spec(file)?))
+}
+
 pub fn start(
     conn: &nats::Connection,
-    workload: &str,
-    file: &Path,
+    (name, spec): (WorkloadName, WorkloadSpec),
     selector: Option<&Selector>,
     policy: &Policy,
     display: Display,
     dry_run: bool,
 ) -> Result<Ended, CtlError> {
-    let name = WorkloadName::parse(workload).map_err(|e| CtlError::Input(e.to_string()))?;
-    let spec = read_spec(file)?;
     let target = WorkloadRollout {
         workload: name,
         spec_hash: spec.spec_hash(),

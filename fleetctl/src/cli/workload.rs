@@ -179,6 +179,7 @@ impl Workload {
                 }
             }
             WorkloadCommand::Rollout(r) => {
+                let target = workload_rollout::read_target(&r.workload, &r.spec)?;
                 let c = self.conn.connect(Reconnect::Once)?;
                 let policy = Policy {
                     batches: r.batches.0,
@@ -189,8 +190,7 @@ impl Workload {
                 };
                 Ok(staged_output(workload_rollout::start(
                     &c,
-                    &r.workload,
-                    &r.spec,
+                    target,
                     r.select.selector.as_ref(),
                     &policy,
                     Display::pick(r.json),
