@@ -45,6 +45,7 @@ pub fn apply(
     let short = &hash.as_str()[..12];
     let devices = select(conn, Some(sel), Keys::Upgrade)?;
     let (mut added, mut changed, mut unchanged, mut failed) = (0usize, 0usize, 0usize, 0usize);
+    let mut refused = 0usize;
     let mut lines = String::new();
     for d in &devices {
         let id = &d.view.id;
@@ -54,7 +55,7 @@ pub fn apply(
             .as_ref()
             .and_then(|i| crate::workload_rollout::too_old(&spec, &i.agent_version))
         {
-            failed += 1;
+            refused += 1;
             let _ = writeln!(lines, "{id}: refused: {why}");
             continue;
         }
@@ -108,6 +109,12 @@ pub fn apply(
         devices.len(),
         sel.as_str()
     );
+    if refused > 0 {
+        let _ = write!(
+            summary,
+            ", {refused} refused (their agent does not read the spec: upgrade them first)"
+        );
+    }
     if failed > 0 {
         let _ = write!(summary, ", {failed} failed (re-run to retry them)");
     }
@@ -115,7 +122,7 @@ pub fn apply(
     Ok(GroupOutcome {
         lines,
         summary,
-        failed,
+        failed: failed + refused,
     })
 }
 

@@ -1094,8 +1094,13 @@ pub fn abort(conn: &nats::Connection, id: &str) -> Result<String, CtlError> {
         state.phase = RolloutPhase::Aborted;
         state.updated_at = Timestamp::now();
         if write_state(&store, &state, Some(rev))?.is_some() {
+            let left = if state.workload.is_some() {
+                "documents already written stay (fleetctl rollout undo puts them back)"
+            } else {
+                "attempts already issued run to their end"
+            };
             return Ok(format!(
-                "rollout {id} aborted (was {was}): nothing more is issued; attempts already issued run to their end\n"
+                "rollout {id} aborted (was {was}): nothing more is issued; {left}\n"
             ));
         }
     }
