@@ -46,7 +46,22 @@ struct Dev {
     /// Kept for the test: its containers go when it drops.
     _podman: Podman,
     _root: tempfile::TempDir,
+    config: PathBuf,
+    binary: PathBuf,
     agent: ChildGuard,
+}
+
+impl Dev {
+    /// `fleet-agent node freeze|unfreeze` on the device.
+    fn node(&self, what: &str) {
+        let out = Command::new(&self.binary)
+            .args(["node", what, "--config"])
+            .arg(&self.config)
+            .env_remove("NOTIFY_SOCKET")
+            .output()
+            .expect("fleet-agent node");
+        assert!(out.status.success(), "{what}: {out:?}");
+    }
 }
 
 struct Rig {
@@ -114,6 +129,8 @@ fn start_device(id: &'static str, binary: &Path, url: &str, released: bool) -> D
         id,
         _podman: podman,
         _root: root,
+        config: path,
+        binary: binary.to_owned(),
         agent,
     }
 }
@@ -423,8 +440,17 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
         text(&again)
     );
 
-    // A good release completes on the six; undo puts every device back.
+    // A good release completes on the six (wr-6 frozen: skipped, then
+    // written by a resume once unfrozen); undo puts every device back.
     let (v2, h2) = rig.spec("v2", SLEEPER, "v2", true);
+    let wr6 = &rig.devices[5];
+    assert_eq!(wr6.id, "wr-6");
+    wr6.node("freeze");
+    poll_until("wr-6 reported frozen", SETTLE, || {
+        status::<DeviceInfo>(&rig.admin, "wr-6", "info")
+            .filter(|i| i.config_state.state.is_frozen())
+    });
+    let wr6_before = rig.document("wr-6");
     let mut r = ChildGuard::spawn(
         rig.command(&[
             "workload",
@@ -453,6 +479,29 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
             (v["event"] == "started").then(|| v["rollout"].as_str().map(str::to_owned))?
         })
         .expect("started event");
+    assert!(
+        log.contains("\"device\":\"wr-6\",\"event\":\"device\",\"rollout\":\"")
+            && log.contains("\"state\":\"frozen\""),
+        "{log}"
+    );
+    assert_eq!(
+        rig.document("wr-6"),
+        wr6_before,
+        "a frozen device is not written"
+    );
+    wr6.node("unfreeze");
+    poll_until("wr-6 reported unfrozen", SETTLE, || {
+        status::<DeviceInfo>(&rig.admin, "wr-6", "info")
+            .filter(|i| !i.config_state.state.is_frozen())
+    });
+    let out = rig.fleetctl(&["rollout", "resume", &good_id]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("wr-6: wrote web spec "),
+        "{}",
+        text(&out)
+    );
+    eprintln!("--- resume after unfreeze ---\n{}", text(&out));
     for d in NEW {
         rig.wait_healthy(d, &h2);
     }
