@@ -31,8 +31,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use fleet_common::contracts::{
-    DesiredWorkloadsRaw, HealthReport, HealthState, PreviousSpec, RolloutPhase, WorkloadRollout,
-    WorkloadSpec, WorkloadState, WorkloadsReport,
+    DesiredWorkloadsRaw, HealthReport, HealthState, PreviousSpec, PreviousSpecs, RolloutPhase,
+    WorkloadRollout, WorkloadSpec, WorkloadState, WorkloadsReport,
 };
 use fleet_common::limits::{MAX_DESIRED_DOC_BYTES, MAX_WORKLOADS_PER_DEVICE};
 use fleet_common::subjects::{desired_doc_key, desired_key, BUCKET_STATUS, BUCKET_WORKLOADS};
@@ -265,23 +265,43 @@ impl Judge for WorkloadJudge<'_> {
     }
 }
 
-/// Keeps what each device about to be written held (before the state
-/// carrying it is written, and that before the devices).
+/// Keeps what each device about to be written held (in the state, which
+/// is written before the devices). A device written again (its write lost
+/// a race, or another operator replaced the spec since) gets what it holds
+/// now: undo puts back what the rollout's last write replaced.
 pub fn record_previous(target: &mut WorkloadRollout, writes: &[Write]) {
-    if writes.is_empty() {
+    let specs: Vec<&SpecWrite> = writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::Spec(s) => Some(s),
+            Write::Intent(..) => None,
+        })
+        .collect();
+    if specs.is_empty() {
         return;
     }
-    // A device recorded already keeps its first record.
-    let known = target.previous.by_device();
-    for w in writes {
-        if let Write::Spec(s) = w {
-            if !known.contains_key(&s.device) {
-                target
-                    .previous
-                    .record(s.device.clone(), &s.previous, s.previous_spec.as_ref());
-            }
+    let mut by_device = target.previous.by_device();
+    let mut spec_of: BTreeMap<Sha256Hex, WorkloadSpec> = target
+        .previous
+        .specs
+        .iter()
+        .map(|(h, g)| (h.clone(), g.spec.clone()))
+        .collect();
+    for s in specs {
+        by_device.insert(s.device.clone(), s.previous.clone());
+        if let (PreviousSpec::Spec(h), Some(spec)) = (&s.previous, &s.previous_spec) {
+            spec_of.entry(h.clone()).or_insert_with(|| spec.clone());
         }
     }
+    let mut previous = PreviousSpecs::default();
+    for (d, p) in by_device {
+        let spec = match &p {
+            PreviousSpec::Spec(h) => spec_of.get(h),
+            _ => None,
+        };
+        previous.record(d, &p, spec);
+    }
+    target.previous = previous;
 }
 
 /// The CAS writes of the documents, and after them the legacy keys for
@@ -828,6 +848,30 @@ mod tests {
             ))
         );
         assert!(matches!(judge.classify(&devices[2]), Class::Waiting(_)));
+    }
+
+    #[test]
+    fn a_device_written_again_keeps_what_the_last_write_replaced() {
+        let mut t = target(spec("v2"));
+        let (v0, v1) = (spec("v0"), spec("v1"));
+        let d = DeviceId::parse("dev1").expect("id");
+        let write = |prev: &WorkloadSpec| {
+            Write::Spec(SpecWrite {
+                device: d.clone(),
+                seq: 1,
+                doc: Vec::new(),
+                previous: PreviousSpec::Spec(prev.spec_hash()),
+                previous_spec: Some(prev.clone()),
+            })
+        };
+        record_previous(&mut t, &[write(&v0)]);
+        record_previous(&mut t, &[write(&v1)]);
+        assert_eq!(
+            t.previous.by_device().get(&d),
+            Some(&PreviousSpec::Spec(v1.spec_hash()))
+        );
+        assert_eq!(t.previous.specs.len(), 1, "{:?}", t.previous);
+        assert_eq!(t.previous.spec(&v1.spec_hash()), Some(&v1));
     }
 
     /// A workload rollout's bookkeeping over 10,000 simulated devices that
