@@ -320,18 +320,26 @@ pub fn write_docs(
         })
         .collect();
     let outcomes = js::cas_put_all(conn, BUCKET_WORKLOADS, &batch)?;
-    if let Some(legacy) = legacy_store(conn)? {
+    if legacy_store(conn)?.is_some() {
         let canonical =
             serde_json::to_vec(&target.spec).map_err(|e| CtlError::Input(e.to_string()))?;
-        for (s, o) in writes.iter().zip(&outcomes) {
-            if matches!(o, CasOutcome::Written { .. }) {
-                let key = desired_key(&s.device, &target.workload);
-                legacy
-                    .put(&key, canonical.clone())
-                    .map_err(CtlError::nats(format!(
-                        "writing {} {key} (for agents 0.1.0)",
-                        fleet_common::subjects::BUCKET_DESIRED
-                    )))?;
+        let legacy: Vec<CasWrite> = writes
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| matches!(o, CasOutcome::Written { .. }))
+            .map(|(s, _)| CasWrite {
+                key: desired_key(&s.device, &target.workload),
+                value: canonical.clone(),
+                expected_seq: 0,
+            })
+            .collect();
+        let bucket = fleet_common::subjects::BUCKET_DESIRED;
+        for (w, o) in legacy.iter().zip(js::put_all(conn, bucket, &legacy)?) {
+            if let CasOutcome::Failed(why) | CasOutcome::Conflict(why) = o {
+                return Err(CtlError::Nats {
+                    what: format!("writing {bucket} {} (for agents 0.1.0)", w.key),
+                    detail: why,
+                });
             }
         }
     }
