@@ -41,7 +41,7 @@ export AR_aarch64_unknown_linux_musl := aarch64-linux-gnu-ar
 DESTDIR ?=
 PREFIX ?= /usr/local
 
-.PHONY: all help deps fresh-machine lint build test test-systemd test-unit demo bench bench-profiles clean \
+.PHONY: all help deps fresh-machine lint build test test-systemd test-unit test-integration test-e2e demo bench bench-profiles clean \
 	release release-device man device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
 
 all: build
@@ -113,13 +113,49 @@ $(TEST_AGENTS)/fleet-updater: $(TEST_AGENT_SOURCES)
 		-p fleet-updater --features fault-injection
 	install -m 0755 $(TEST_AGENTS_BIN)/fleet-updater $@.tmp && mv $@.tmp $@
 
-## test: the one command: dependencies, lint, build, packages, every test; it ends with the
-## fault matrix under systemd (fault point × outcome, written by tests/e2e-systemd).
+## The tiers (docs/development/testing.md): each runs every one of its suites even when one
+## fails, logs to $(TEST_LOGS)/TIER.log, and fails when it ran no test.
+TEST_LOGS := $(TARGET_DIR)/test-logs
+TEST_FEATURES := --features fleet-updater/fault-injection
+E2E_PACKAGES := -p fleet-packaging-tests -p fleet-e2e-systemd
 E2E_MATRIX := $(TARGET_DIR)/e2e/matrix.md
-test: deps lint build packages-for-test
+# The harness's own test of a booted container's exec is in-crate (it reads private
+# state) but boots a container: it runs with the integration tier.
+HARNESS_BOOT_TEST := systemd::tests::exec_output_is_exact_and_can_be_read_again_until_the_next_exec
+UNIT_CMD := $(CARGO) test --workspace $(TEST_FEATURES) --lib --bins --test golden --test prop_parsers \
+	-- --skip $(HARNESS_BOOT_TEST) +++ $(CARGO) test --workspace $(TEST_FEATURES) --doc
+INTEGRATION_CMD := $(CARGO) test --workspace $(TEST_FEATURES) --no-fail-fast --test '*' \
+	--exclude fleet-packaging-tests --exclude fleet-e2e-systemd \
+	+++ $(CARGO) test --workspace $(TEST_FEATURES) --lib -- --exact $(HARNESS_BOOT_TEST)
+E2E_CMD := $(CARGO) test $(E2E_PACKAGES) $(TEST_FEATURES) --no-fail-fast
+
+## test-unit: the unit and in-crate tests, golden and property tests: nothing outside the build.
+test-unit:
+	@bash scripts/test-tier.sh unit $(TEST_LOGS) $(UNIT_CMD)
+
+## test-integration: the tests against nats-server, Podman, HTTPS servers, the registry.
+test-integration: build test-agents
+	@bash scripts/test-tier.sh integration $(TEST_LOGS) $(INTEGRATION_CMD)
+
+## test-e2e: booted systemd containers: the packages, upgrades under systemd, the fault matrix.
+test-e2e: packages-for-test
 	@rm -f $(E2E_MATRIX)
-	@status=0; $(CARGO) test --workspace --no-fail-fast --features fleet-updater/fault-injection || status=$$?; \
+	@status=0; bash scripts/test-tier.sh e2e $(TEST_LOGS) $(E2E_CMD) || status=$$?; \
+	if [ -f $(E2E_MATRIX) ]; then echo; cat $(E2E_MATRIX); fi; \
+	exit $$status
+
+## test: the one command: dependencies, lint, build, packages, every tier; it ends with the
+## fault matrix under systemd (fault point × outcome, written by tests/e2e-systemd) and the
+## time each suite took.
+test: deps lint build packages-for-test
+	@rm -f $(E2E_MATRIX) $(TEST_LOGS)/*.log
+	@status=0; \
+	bash scripts/test-tier.sh unit $(TEST_LOGS) $(UNIT_CMD) || status=1; \
+	bash scripts/test-tier.sh integration $(TEST_LOGS) $(INTEGRATION_CMD) || status=1; \
+	bash scripts/test-tier.sh e2e $(TEST_LOGS) $(E2E_CMD) || status=1; \
 	if [ -f $(E2E_MATRIX) ]; then echo; cat $(E2E_MATRIX); else echo "no fault matrix: $(E2E_MATRIX) was not written"; fi; \
+	bash scripts/test-tier.sh --times $(TEST_LOGS); \
+	grep -hE '^test .* FAILED$$' $(TEST_LOGS)/*.log 2>/dev/null | sed 's/^/failed: /'; \
 	exit $$status
 
 ## test-systemd: only the end-to-end upgrade tests under systemd (tests/e2e-systemd), then the matrix.

@@ -45,6 +45,9 @@ NEEDS=(
   rpmlint:rpmlint
   man:man-db
   /usr/share/bash-completion/bash_completion:bash-completion
+  promtool:prometheus
+  /usr/bin/prometheus:prometheus
+  /usr/bin/prometheus-alertmanager:prometheus-alertmanager
 )
 # The Rust targets: the gnu ones for fleetctl and armhf, the musl ones for
 # the static amd64 and arm64 device daemons (armv7 musl is not served).

@@ -41,6 +41,8 @@ fleetctl_files() {
 $prefix/bin/fleetctl 0755 bin:fleetctl
 $prefix/share/doc/harmony-fleetctl/copyright 0644 packaging/copyright
 $prefix/share/bash-completion/completions/fleetctl 0644 generated:fleetctl.bash
+$prefix/share/harmony-fleet/prometheus/harmony-fleet.rules.yml 0644 packaging/prometheus/harmony-fleet.rules.yml
+$prefix/share/harmony-fleet/prometheus/harmony-fleet.dashboard.json 0644 packaging/prometheus/harmony-fleet.dashboard.json
 EOF
 	# One page per command, as `fleetctl generate man` wrote them; without
 	# them the literal name below is missing, and staging says so.

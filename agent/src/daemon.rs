@@ -514,7 +514,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
         log::warn!("flushing NATS: {e}");
     }
     api_server.stop();
-    // A Podman call still hung must not outlive the agent (issue 21).
+    // A Podman call still hung must not outlive the agent.
     let hung = fleet_common::process::kill_live_groups();
     if hung > 0 {
         log::warn!(device = device.as_str(); "killed {hung} Podman calls still running");

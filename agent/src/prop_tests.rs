@@ -1,4 +1,4 @@
-//! Issue 17 item 10, the agent's own parsers of outside input (private to
+//! The agent's own parsers of outside input (private to
 //! this binary, so tested here): the config file, the desired-workloads
 //! document with its specs, and the upgrade intent. Random bytes and
 //! mutations of a valid sample (byte flips, JSON tokens spliced in,

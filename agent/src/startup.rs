@@ -1,4 +1,4 @@
-//! Start-up steps that name themselves while they are waited on (issue 17):
+//! Start-up steps that name themselves while they are waited on:
 //! a stalled start-up logs what it waits for and for how long, at least
 //! every [`STEP_REPORT_INTERVAL`], instead of staying silent until a
 //! window ends.
@@ -22,7 +22,7 @@ use crate::shutdown::Shutdown;
 use crate::threads;
 
 /// How often a step still waited on is logged: a stall names itself
-/// within this (issue 17 asks for at least every 10 s).
+/// within this (at least every 10 s).
 pub const STEP_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the reporter checks shutdown and watched steps' probes.
 const TICK: Duration = Duration::from_secs(1);

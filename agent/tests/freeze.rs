@@ -1119,7 +1119,7 @@ fn fill(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-/// Issue 20: the agent's state directory on a full tmpfs. A freeze that
+/// The agent's state directory on a full tmpfs. A freeze that
 /// cannot be written is refused with its own reason, `not-persisted`, and
 /// changes nothing (answered only once written: `docs/design/freeze.md`
 /// "Entering"); once space is freed the freeze is accepted and on disk.
@@ -1153,7 +1153,7 @@ fn a_freeze_that_cannot_be_written_is_refused_as_not_persisted() {
     assert_eq!(freeze_file(&dev).config_state, reply.config_state.state);
 }
 
-/// Issue 17 item 4: a kill during a write of the agent's durable files
+/// A kill during a write of the agent's durable files
 /// (freeze state, seen attempts, applied specs) leaves a temp file beside
 /// it. The agent removes every such temp file in its state directory at
 /// start, keeps everything else, and its freeze state is the last written.

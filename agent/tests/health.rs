@@ -205,11 +205,11 @@ fn a_spec_whose_container_exits_at_once_is_reverted_to_the_last_healthy_one_and_
         h1,
         "the health is the restored spec's"
     );
-    // Judged by its restarts, or at its deadline (2 × healthy-after).
+    // Judged by its restarts, or at its deadline (2 × healthy-after + 2).
     let why = r.detail.clone().expect("why").as_str().to_owned();
     assert!(
         why == "its container restarted 3 times before it was ever healthy"
-            || why.starts_with("not healthy within 2 s: "),
+            || why.starts_with("not healthy within 4 s: "),
         "{why}"
     );
     wait_running(&podman, "fleet-web", "the last healthy spec runs", |c| {
@@ -702,6 +702,7 @@ fn an_agent_0_2_0_reads_every_file_this_agent_leaves() {
 
     // The released 0.2.0 agent on the same state: reads applied.json,
     // refuses the spec with `health` as invalid and keeps its container.
+    dev.keep_only_0_2_intervals();
     let mut old = fleet_harness::ChildGuard::spawn(
         dev.command_of(&released, &["run"], Some(&podman)),
         "agent-0.2.0",

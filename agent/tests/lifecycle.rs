@@ -164,10 +164,10 @@ fn sigterm_while_connecting_exits_cleanly() {
     });
 }
 
-/// Issue 17 (item 7): a start-up that stalls names the step it waits on,
+/// A start-up that stalls names the step it waits on,
 /// with how long, at least every 10 s: here NATS, unreachable.
 #[test]
-fn issue_17_a_stalled_start_up_names_the_step_every_10_s() {
+fn a_stalled_start_up_names_the_step_every_10_s() {
     let unused = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!(
         "nats://127.0.0.1:{}",
@@ -246,11 +246,11 @@ fn create_bucket(admin: &nats::Connection, bucket: &str) {
     );
 }
 
-/// Issue 17 (item 7): the snapshots name themselves too while they stall:
+/// The snapshots name themselves too while they stall:
 /// the desired snapshot before READY, the first intent snapshot after it,
 /// each with a line when it is no longer waited on.
 #[test]
-fn issue_17_stalled_snapshots_name_themselves() {
+fn stalled_snapshots_name_themselves() {
     let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
     let admin = nats.admin();
     delete_bucket(&admin, "fleet-workloads");

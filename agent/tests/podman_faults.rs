@@ -1,4 +1,4 @@
-//! Issue 21: a misbehaving Podman. The real agent, a real nats-server and
+//! A misbehaving Podman. The real agent, a real nats-server and
 //! an isolated Podman behind `tests/harness/fixtures/podman-faults.sh`,
 //! which forwards every call but hangs, fails or floods on cue. Asserted:
 //! the workloads report and the heartbeat say Podman is unreachable while
@@ -204,7 +204,7 @@ fn alive(pid: u32) -> bool {
 /// refresh hangs too), the failure's stderr is bounded and escaped, and a
 /// `ps` hung when the agent stops is killed with it.
 #[test]
-fn issue_21_a_hung_podman_is_reported_and_heartbeats_keep_their_schedule() {
+fn a_hung_podman_is_reported_and_heartbeats_keep_their_schedule() {
     let podman = Podman::new();
     let nats = NatsServer::start_fleet(NatsVersion::V2_9, &["dev1"]);
     let admin = nats.admin();
@@ -346,7 +346,7 @@ fn issue_21_a_hung_podman_is_reported_and_heartbeats_keep_their_schedule() {
 /// A failing `run` whose image probe then hangs: the report keeps the
 /// run's error (the cause), not the probe's timeout.
 #[test]
-fn issue_21_a_failed_run_keeps_its_error_when_the_image_probe_hangs() {
+fn a_failed_run_keeps_its_error_when_the_image_probe_hangs() {
     let podman = Podman::new();
     let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
     let admin = nats.admin();
@@ -378,7 +378,7 @@ fn issue_21_a_failed_run_keeps_its_error_when_the_image_probe_hangs() {
 /// refused with its size, and the agent's peak memory stays within 2 MiB
 /// of what it was idle.
 #[test]
-fn issue_21_a_flood_of_podman_output_leaves_memory_near_idle() {
+fn a_flood_of_podman_output_leaves_memory_near_idle() {
     const FLOOD: u64 = 50_000_000;
     let podman = Podman::new();
     let nats = NatsServer::start_fleet(NatsVersion::V2_9, &["dev1"]);

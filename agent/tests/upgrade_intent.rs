@@ -2,7 +2,7 @@
 //! nats-server and no updater: another device, another architecture,
 //! invalid content, a UUID reused with other content — each published as
 //! `failed` with the rule named — and intents without a valid UUID or
-//! target version, published as refused intents (issue 17); refusals are
+//! target version, published as refused intents; refusals are
 //! remembered across a restart.
 
 mod common;
@@ -139,7 +139,7 @@ fn refused_intents_are_published_with_the_rule_and_remembered() {
     );
 
     // An invalid UUID cannot be reported under an attempt: it is
-    // reported as a refused intent (issue 17).
+    // reported as a refused intent.
     let mut no_uuid = serde_json::to_value(attempt("dev1", here)).expect("value");
     no_uuid["uuid"] = "not-a-uuid".into();
     let seq = put_intent(&admin, &serde_json::to_vec(&no_uuid).expect("json"));
@@ -172,17 +172,17 @@ fn refused_intents_are_published_with_the_rule_and_remembered() {
     );
 }
 
-/// Issue 17 (item 3): intents without a valid attempt identity were
+/// Intents without a valid attempt identity were
 /// refused silently (only logged, `<device>.upgrade` unchanged). Each is
 /// now published as a refused intent: its sequence and digest, the rule,
 /// escaped excerpts of the offending field, and an error naming it.
 #[test]
-fn issue_17_intents_without_an_identity_are_reported_2_9() {
+fn intents_without_an_identity_are_reported_2_9() {
     intents_without_an_identity_are_reported(NatsVersion::V2_9);
 }
 
 #[test]
-fn issue_17_intents_without_an_identity_are_reported_2_14() {
+fn intents_without_an_identity_are_reported_2_14() {
     intents_without_an_identity_are_reported(NatsVersion::V2_14);
 }
 
@@ -307,12 +307,12 @@ fn intents_without_an_identity_are_reported(v: NatsVersion) {
     );
 }
 
-/// Issue 17 item 2: the agent keeps the first UUID's binding after 70 other
+/// The agent keeps the first UUID's binding after 70 other
 /// attempts (more than the 64 full records it keeps) and a restart: the
 /// first UUID with other, otherwise valid, content is a conflict, never
 /// forwarded.
 #[test]
-fn a_uuid_stays_bound_after_70_later_attempts_issue_17() {
+fn a_uuid_stays_bound_after_70_later_attempts() {
     let nats = NatsServer::start_fleet(NatsVersion::V2_14, &["dev1"]);
     let admin = nats.admin();
     let mut settings = Settings::new(vec![nats.url()]);

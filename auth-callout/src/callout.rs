@@ -369,10 +369,10 @@ mod tests {
         ));
     }
 
-    /// Issue 17 item 9: a validly signed token with `exp` = 2^53 is admitted
+    /// A validly signed token with `exp` = 2^53 is admitted
     /// for the configured maximum user lifetime, not until 2^53.
     #[test]
-    fn a_far_expiry_is_clamped_to_the_max_user_lifetime_issue_17() {
+    fn a_far_expiry_is_clamped_to_the_max_user_lifetime() {
         let k = keys();
         let c = callout(&json!({"keys": [k.rsa_jwk]}));
         let mut far = claims("dev-a");

@@ -400,7 +400,7 @@ mod tests {
         assert_eq!(c.policy.clock_skew_secs, 0);
     }
 
-    /// Issue 17 item 9: the config names no key twice either (serde's
+    /// The config names no key twice either (serde's
     /// derive refuses a duplicate field; this keeps it so).
     #[test]
     fn a_duplicate_key_is_refused() {

@@ -459,7 +459,7 @@ mod tests {
             KeySet::parse(dup.to_string().as_bytes()),
             Err(JwksError::DuplicateKid { kid }) if kid == "k"
         ));
-        // Issue 17 item 9: a key object naming `kid` (or `n`, `x`...)
+        // A key object naming `kid` (or `n`, `x`...)
         // twice, or a document naming `keys` twice, is refused whole.
         let ec = ec_key("e1").to_string();
         for (doc, key) in [

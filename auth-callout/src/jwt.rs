@@ -740,11 +740,11 @@ pub(crate) mod tests {
         );
     }
 
-    /// Issue 17 item 9: a signed token naming a key twice is refused, in the
+    /// A signed token naming a key twice is refused, in the
     /// claims (`device_id`, `exp`) and in the header (`alg`, `kid`), rather
     /// than read as whichever value came last.
     #[test]
-    fn duplicate_keys_are_refused_issue_17() {
+    fn duplicate_keys_are_refused() {
         let k = keys();
         let header = r#"{"alg":"RS256","typ":"JWT","kid":"rsa-test-1"}"#;
         let base = format!(

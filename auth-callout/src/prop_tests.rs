@@ -1,4 +1,4 @@
-//! Issue 17 item 10: the callout's parsers of outside input under random and
+//! The callout's parsers of outside input under random and
 //! mutated input: the bearer JWT (`jwt::verify`), the JWKS
 //! (`KeySet::parse`), strict JSON, the server's authorization request
 //! (`natsjwt::decode_request`) and the config. Each must not panic, must

@@ -359,11 +359,11 @@ fn a_token_up_to_the_limit_fits_the_connect_line_and_a_larger_one_is_refused() {
     env.logged(&format!("is larger than {MAX_BEARER_JWT_BYTES}"));
 }
 
-/// Issue 17 item 9: a token the provider signed with `device_id` twice
+/// A token the provider signed with `device_id` twice
 /// ("dev1", then "dev2") is refused by the running callout, not admitted
 /// as dev2; so is one naming `alg` twice in its header.
 #[test]
-fn a_token_naming_a_key_twice_is_refused_issue_17() {
+fn a_token_naming_a_key_twice_is_refused() {
     use ring::rand::SystemRandom;
     use ring::signature::RSA_PKCS1_SHA256;
     let env = Env::start(json!({}));

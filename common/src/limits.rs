@@ -185,3 +185,8 @@ pub const IDP_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// connecting client waits for the callout's answer (a JWKS refetch may run
 /// meanwhile).
 pub const NATS_AUTH_CALLOUT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A device's traffic budget: 5 MiB on the wire per 30 days
+/// (docs/operator/traffic.md), about 175 KiB a day. The metrics exporter
+/// gives a device over it a series of its own.
+pub const TRAFFIC_BUDGET_BYTES_PER_30_DAYS: u64 = 5 * 1024 * 1024;

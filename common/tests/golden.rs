@@ -200,7 +200,7 @@ fn refused_intent() -> RefusedIntent {
     }
 }
 
-/// Issue 17 (item 3): an intent without a valid attempt identity is
+/// An intent without a valid attempt identity is
 /// reported in its own form; both forms read as an `UpgradeReport`, and
 /// every status an older agent wrote still reads (as an attempt).
 #[test]
@@ -572,7 +572,7 @@ fn workloads_report_golden() {
     check("workloads-report", &report);
 }
 
-/// Issue 21: while Podman does not answer, the report says since when and
+/// While Podman does not answer, the report says since when and
 /// why; what was running is `unknown`, a new workload waits, saying why.
 #[test]
 fn workloads_report_with_podman_unreachable_golden() {
@@ -1175,7 +1175,7 @@ fn workload_spec_with_health_golden() {
     let h = tcp.health.as_ref().expect("health");
     assert_eq!((h.interval_secs, h.timeout_secs, h.retries), (10, 2, 3));
     assert_eq!(h.deadline_secs(), 32);
-    assert_eq!(HealthCheck::default().deadline_secs(), 20);
+    assert_eq!(HealthCheck::default().deadline_secs(), 22);
     let golden_minimal = std::fs::read(golden_path("workload-spec-minimal")).expect("golden");
     let minimal = WorkloadSpec::from_json(&golden_minimal).expect("parses");
     assert!(minimal.health.is_none() && minimal.update_strategy.is_default());

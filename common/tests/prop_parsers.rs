@@ -1,4 +1,4 @@
-//! Issue 17 item 10: every parser of outside input in `fleet_common` under
+//! Every parser of outside input in `fleet_common` under
 //! random and mutated input. Each gets random bytes and mutations (flips,
 //! insertions of JSON tokens, deletions, truncations, duplicated slices) of
 //! a valid sample (the golden files), and must not panic, must answer

@@ -250,11 +250,11 @@ fn the_33rd_concurrent_mutating_request_is_busy_and_status_is_not() {
     drop(holders);
 }
 
-/// Issue 17 item 6: a group member holding 200 connections open (half of
+/// A group member holding 200 connections open (half of
 /// them sending one byte a second, never a newline) does not make `status`
 /// busy, nor slow.
 #[test]
-fn status_stays_answerable_under_200_held_connections_issue_17() {
+fn status_stays_answerable_under_200_held_connections() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_h, path, _handler) = start(dir.path(), allow_me());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -295,10 +295,10 @@ fn status_stays_answerable_under_200_held_connections_issue_17() {
     drop((silent, extra));
 }
 
-/// Issue 17 item 6: 200 clients each sending a 1 MiB request at once are
+/// 200 clients each sending a 1 MiB request at once are
 /// all answered (`too-large` or `invalid`), and `status` meanwhile.
 #[test]
-fn two_hundred_large_requests_are_answered_and_status_too_issue_17() {
+fn two_hundred_large_requests_are_answered_and_status_too() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_h, path, _handler) = start(dir.path(), allow_me());
     let senders: Vec<_> = (0..200)

@@ -406,6 +406,9 @@ fn put_pipelined(
 pub struct Follow {
     consumer: Consumer,
     heard: Instant,
+    /// Messages the server still had for this consumer after the last
+    /// entry (at creation: all it will replay).
+    pending: u64,
 }
 
 impl std::fmt::Debug for Follow {
@@ -435,17 +438,52 @@ pub fn follow(
         }
         None => serde_json::json!({"deliver_policy": "new"}),
     };
+    let consumer = Consumer::create(conn, bucket, filter, deliver)?;
     Ok(Follow {
-        consumer: Consumer::create(conn, bucket, filter, deliver)?,
+        pending: consumer.pending,
+        consumer,
+        heard: Instant::now(),
+    })
+}
+
+/// A consumer delivering the last value of every key of `filter`, then
+/// every change from there on: one consumer keeps a whole view (the
+/// metrics exporter), replaying each key once instead of a read per
+/// period. [`Follow::caught_up`] says when the replay is done.
+pub fn follow_from_last(
+    conn: &nats::Connection,
+    bucket: &str,
+    filter: &str,
+) -> Result<Follow, CtlError> {
+    let consumer = Consumer::create(
+        conn,
+        bucket,
+        filter,
+        serde_json::json!({"deliver_policy": "last_per_subject"}),
+    )?;
+    Ok(Follow {
+        pending: consumer.pending,
+        consumer,
         heard: Instant::now(),
     })
 }
 
 impl Follow {
+    /// Every message the consumer had when it was made has been delivered.
+    pub fn caught_up(&self) -> bool {
+        self.pending == 0
+    }
+
+    /// When the server last sent anything (an entry or a heartbeat).
+    pub fn heard(&self) -> Instant {
+        self.heard
+    }
+
     pub fn next(&mut self, wait: Duration) -> Followed {
         match self.consumer.next(wait) {
-            Ok(Delivery::Entry(entry, _)) => {
+            Ok(Delivery::Entry(entry, pending)) => {
                 self.heard = Instant::now();
+                self.pending = pending;
                 Followed::Entry(entry)
             }
             Ok(Delivery::Control) => {

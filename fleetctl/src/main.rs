@@ -16,6 +16,7 @@
 //! | `group` | `workload apply|rm|ls -l SELECTOR` |
 //! | `status` | `status`, `device status` |
 //! | `watch` | `watch` |
+//! | `metrics` | `metrics serve`: the Prometheus exporter |
 //! | `artifact` | `artifact push` (OCI) |
 //! | `nats_config` | `nats-config` |
 
@@ -28,6 +29,7 @@ mod fleet;
 mod group;
 mod js;
 mod labels;
+mod metrics;
 mod nats_config;
 mod rollout;
 mod selector;

@@ -1272,34 +1272,33 @@ impl Summary {
     }
 }
 
-/// A rollout's summary, or its key and why its value is unreadable.
-pub type Listed = Result<Summary, (String, String)>;
+/// One rollout key: its state, or why its value is not one.
+pub type Listed = (String, Result<RolloutState, String>);
 
-/// Every rollout of `fleet-operator`, agent and workload ones (and old
-/// states of fleetctl 0.2), by key: its summary, or why its value is
-/// unreadable (`Err((key, why))`).
+/// Every rollout in `fleet-operator` by key, each its state or why its
+/// value is not one (deleted keys left out), in one read.
 pub fn list(conn: &nats::Connection) -> Result<Vec<Listed>, CtlError> {
-    let mut out = Vec::new();
-    for e in js::read_last(
+    Ok(js::read_last(
         conn,
         BUCKET_OPERATOR,
         &format!("$KV.{BUCKET_OPERATOR}.{ROLLOUTS_PREFIX}.*"),
-    )? {
-        let Some(v) = e.value else { continue };
-        out.push(
-            serde_json::from_slice::<RolloutState>(&v)
-                .map(|s| Summary::of(&s))
-                .map_err(|err| (e.key.clone(), err.to_string())),
-        );
-    }
-    Ok(out)
+    )?
+    .into_iter()
+    .filter_map(|e| {
+        let v = e.value?;
+        Some((
+            e.key,
+            serde_json::from_slice::<RolloutState>(&v).map_err(|err| err.to_string()),
+        ))
+    })
+    .collect())
 }
 
 /// `fleetctl rollout ls`: every rollout, one line each.
 pub fn ls(conn: &nats::Connection) -> Result<String, CtlError> {
     let mut out = String::new();
-    for r in list(conn)? {
-        match r {
+    for (key, state) in list(conn)? {
+        match state.as_ref().map(Summary::of) {
             Ok(s) => {
                 let _ = writeln!(
                     out,
@@ -1313,7 +1312,7 @@ pub fn ls(conn: &nats::Connection) -> Result<String, CtlError> {
                     s.created_at
                 );
             }
-            Err((key, err)) => {
+            Err(err) => {
                 let _ = writeln!(out, "{key}: unreadable ({err})");
             }
         }

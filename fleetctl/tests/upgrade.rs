@@ -534,7 +534,7 @@ fn status_shows_the_fleet_and_watch_follows_it() {
     assert!(hb.ends_with("dev3 heartbeat: up 35 s, configured"), "{hb}");
 }
 
-/// Issue 17 (item 3): an intent the agent refused without a valid attempt
+/// An intent the agent refused without a valid attempt
 /// identity shows in `status`, `status --json`, `device status` and
 /// `watch`; a status an older agent wrote (an attempt's) still reads.
 #[test]

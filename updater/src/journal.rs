@@ -51,7 +51,7 @@ impl fmt::Display for JournalLoadError {
             Self::Corrupt { path, why } => write!(
                 f,
                 "the updater journal {} is corrupt ({why}); the updater will not guess the state of the device from its files. \
-                 Inspect the journal, the active link and the installed agents (see the repair procedure in the README), \
+                 Inspect the journal, the active link and the installed agents (updater/REPAIR.md), \
                  then move the journal aside and restart the updater once the active link points at a good agent",
                 path.display()
             ),
@@ -61,20 +61,86 @@ impl fmt::Display for JournalLoadError {
 
 impl std::error::Error for JournalLoadError {}
 
+/// The journal's transitions: from each phase, the phases a transaction
+/// may enter next (docs/design/upgrade.md "The journal"). A transaction
+/// begins in `preparing`; `committed` and `rollback-failed` are never left,
+/// `failed` only for `rollback-failed` (the next attempt is a new
+/// transaction). Every phase entry goes through
+/// [`JournalStore::update`], which refuses any other.
+pub const TRANSITIONS: &[(JournalPhase, &[JournalPhase])] = &[
+    (
+        JournalPhase::Preparing,
+        // probed; the target already active; failed (download, verify,
+        // install, probe, a restart while preparing); quarantined when the
+        // previous link cannot be restored.
+        &[
+            JournalPhase::Activating,
+            JournalPhase::Committed,
+            JournalPhase::Failed,
+            JournalPhase::RollbackFailed,
+        ],
+    ),
+    (
+        JournalPhase::Activating,
+        // ready; not ready or a restart during the cutover; failed or
+        // quarantined straight away when `rolling-back` could not be
+        // written (a full disk) and the rollback went on all the same.
+        &[
+            JournalPhase::Committed,
+            JournalPhase::RollingBack,
+            JournalPhase::Failed,
+            JournalPhase::RollbackFailed,
+        ],
+    ),
+    (
+        JournalPhase::RollingBack,
+        &[JournalPhase::Failed, JournalPhase::RollbackFailed],
+    ),
+    (JournalPhase::Committed, &[]),
+    // After a restart in `preparing`: recorded failed, then the previous
+    // agent would not start.
+    (JournalPhase::Failed, &[JournalPhase::RollbackFailed]),
+    (JournalPhase::RollbackFailed, &[]),
+];
+
+/// Whether [`TRANSITIONS`] lets a transaction in `from` enter `to`.
+pub fn may_enter(from: JournalPhase, to: JournalPhase) -> bool {
+    TRANSITIONS
+        .iter()
+        .any(|(f, next)| *f == from && next.contains(&to))
+}
+
 /// A journal write that did not happen.
 #[derive(Debug)]
 pub struct JournalWriteError {
     pub phase: JournalPhase,
-    pub source: DurableError,
+    pub source: JournalWriteFailure,
+}
+
+/// Why a journal write did not happen.
+#[derive(Debug)]
+pub enum JournalWriteFailure {
+    /// The file could not be written (nothing changed on disk).
+    Write(DurableError),
+    /// The transition is not in [`TRANSITIONS`]: a bug in the updater,
+    /// refused before anything is written.
+    Refused { from: JournalPhase },
 }
 
 impl fmt::Display for JournalWriteError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "recording phase {} in the journal: {}",
-            self.phase, self.source
-        )
+        match &self.source {
+            JournalWriteFailure::Write(e) => {
+                write!(f, "recording phase {} in the journal: {e}", self.phase)
+            }
+            JournalWriteFailure::Refused { from } => write!(
+                f,
+                "recording phase {} in the journal: refused, a transaction in {from} may not enter {} \
+                 (the journal's transitions: docs/design/upgrade.md \"The journal\"); the journal is unchanged, \
+                 report this as a bug with the updater's log",
+                self.phase, self.phase
+            ),
+        }
     }
 }
 
@@ -202,6 +268,14 @@ impl JournalStore {
         let Some(tx) = next.transaction.as_mut() else {
             return Ok(());
         };
+        // `phase` is the one entered, or the current one for a write that
+        // only records an error.
+        if phase != tx.phase && !may_enter(tx.phase, phase) {
+            return Err(JournalWriteError {
+                phase,
+                source: JournalWriteFailure::Refused { from: tx.phase },
+            });
+        }
         // The errors of a write that failed stay on record (the phase it
         // would have entered does not: it never was on disk).
         if let Some(unwritten) = self
@@ -248,7 +322,10 @@ impl JournalStore {
                 Ok(())
             }
             Err(source) => {
-                let e = JournalWriteError { phase, source };
+                let e = JournalWriteError {
+                    phase,
+                    source: JournalWriteFailure::Write(source),
+                };
                 if keep_on_failure {
                     self.unsynced = Some(Unsynced {
                         next,
@@ -379,6 +456,86 @@ mod tests {
         let (s, found) = JournalStore::load(&layout).expect("load");
         assert_eq!(found, Found::Missing);
         (layout, s)
+    }
+
+    const PHASES: [JournalPhase; 6] = [
+        JournalPhase::Preparing,
+        JournalPhase::Activating,
+        JournalPhase::Committed,
+        JournalPhase::RollingBack,
+        JournalPhase::Failed,
+        JournalPhase::RollbackFailed,
+    ];
+
+    /// A store whose transaction is in `phase`, written there through
+    /// allowed transitions.
+    fn store_in(dir: &Path, phase: JournalPhase) -> (Layout, JournalStore) {
+        let (layout, mut s) = store(dir);
+        s.begin(tx(&layout)).expect("begin");
+        let path: &[JournalPhase] = match phase {
+            JournalPhase::Preparing => &[],
+            JournalPhase::Activating => &[JournalPhase::Activating],
+            JournalPhase::Committed => &[JournalPhase::Activating, JournalPhase::Committed],
+            JournalPhase::RollingBack => &[JournalPhase::Activating, JournalPhase::RollingBack],
+            JournalPhase::Failed => &[JournalPhase::Failed],
+            JournalPhase::RollbackFailed => &[JournalPhase::RollbackFailed],
+        };
+        for p in path {
+            s.update(*p, |tx| {
+                tx.enter(*p, None, Timestamp::from_unix_millis(2_000))
+            })
+            .expect("an allowed transition");
+        }
+        (layout, s)
+    }
+
+    #[test]
+    fn every_transition_outside_the_table_is_refused_and_changes_nothing() {
+        let (mut allowed, mut refused) = (0, 0);
+        for from in PHASES {
+            for to in PHASES {
+                if from == to {
+                    continue;
+                }
+                let dir = tempfile::tempdir().expect("tempdir");
+                let (layout, mut s) = store_in(dir.path(), from);
+                let before = std::fs::read(layout.journal()).expect("journal");
+                let r = s.update(to, |tx| {
+                    tx.enter(to, None, Timestamp::from_unix_millis(3_000))
+                });
+                if may_enter(from, to) {
+                    r.unwrap_or_else(|e| panic!("{from} → {to}: {e}"));
+                    assert_eq!(s.transaction().expect("tx").phase, to);
+                    allowed += 1;
+                } else {
+                    let e = r.expect_err("refused");
+                    assert_eq!(
+                        e.to_string(),
+                        format!(
+                            "recording phase {to} in the journal: refused, a transaction in {from} may not enter {to} \
+                             (the journal's transitions: docs/design/upgrade.md \"The journal\"); the journal is unchanged, \
+                             report this as a bug with the updater's log"
+                        )
+                    );
+                    assert_eq!(s.transaction().expect("tx").phase, from);
+                    assert_eq!(s.unsynced(), None, "nothing to write again");
+                    assert_eq!(std::fs::read(layout.journal()).expect("journal"), before);
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!((allowed, refused), (11, 19));
+        // Nothing leaves committed or rollback-failed.
+        for p in [JournalPhase::Committed, JournalPhase::RollbackFailed] {
+            assert!(PHASES.iter().all(|to| !may_enter(p, *to)), "{p}");
+        }
+        // A write that only records an error stays in its phase.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, mut s) = store_in(dir.path(), JournalPhase::RollingBack);
+        s.update(JournalPhase::RollingBack, |tx| {
+            tx.record_error("recovery", "again", Timestamp::from_unix_millis(4_000))
+        })
+        .expect("a note");
     }
 
     #[test]

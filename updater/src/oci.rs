@@ -1,4 +1,4 @@
-//! Pulling an agent release from an OCI registry (DESIGN.md "Artifacts"),
+//! Pulling an agent release from an OCI registry (docs/design/upgrade.md "Artifacts"),
 //! anonymously, over the updater's HTTPS client.
 //!
 //! Steps, all within one deadline (the attempt's whole-download bound):

@@ -1,4 +1,4 @@
-//! Issue 17 item 10, the updater's own parsers of outside input (private to
+//! The updater's own parsers of outside input (private to
 //! the crate, so tested here): its config file and a registry's
 //! `WWW-Authenticate: Bearer` challenge. Random input and mutations of a
 //! valid sample (byte flips, tokens spliced in, truncations) must never

@@ -174,7 +174,7 @@ fn default_detail(tx: &Transaction, phase: UpgradePhase, unit: &str) -> String {
             format!("{previous} kept active; no automatic retry of this attempt")
         }
         UpgradePhase::RollbackFailed => format!(
-            "rollback to {previous} failed: every new attempt is refused until root repair (see the repair procedure in the README)"
+            "rollback to {previous} failed: every new attempt is refused until root repair (updater/REPAIR.md)"
         ),
     }
 }

@@ -303,7 +303,7 @@ fn held_connections_do_not_make_status_busy() {
     let b = bench();
     let path = b.device.layout.updater_socket();
     // More clients than the server holds while they send their request,
-    // each sending nothing (issue 17 item 6: 32 were enough to make every
+    // each sending nothing (32 were enough to make every
     // `status` busy). The oldest are pushed out; `status` is answered.
     let held: Vec<UnixStream> = (0..300)
         .map(|_| UnixStream::connect(&path).expect("connect"))

@@ -1,4 +1,4 @@
-//! Full disks (issue 20): the updater under the supervisor with its state
+//! Full disks: the updater under the supervisor with its state
 //! directory (and, for reclaim, its versions directory) on a small tmpfs,
 //! which the test fills and frees.
 //!

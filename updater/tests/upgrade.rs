@@ -458,13 +458,13 @@ fn status_reads_the_journal_when_the_updater_is_down() {
     );
 }
 
-/// Issue 17 item 2: the UUID binding outlives the journal's window of
+/// The UUID binding outlives the journal's window of
 /// finished attempts. An attempt fails, 70 others finish after it (more than
 /// `MAX_REMEMBERED_ATTEMPTS`), then its UUID comes back with other content
 /// (a v4.0 that would install and probe fine): refused as a conflict, nothing
 /// downloaded or installed, also after a restart of the updater.
 #[test]
-fn a_uuid_stays_bound_after_70_later_attempts_issue_17() {
+fn a_uuid_stays_bound_after_70_later_attempts() {
     let v4 = StandIn::good("4.0");
     let (_ca, server, device) = setup(&v4);
     server.route("/gone", Behavior::Status(404));

@@ -206,8 +206,12 @@ impl Health {
                 self.ever_up = true;
                 self.trial_clock.get_or_insert(started_at);
                 if self.check.probe.is_none() {
+                    // Both clocks are whole seconds: a difference of
+                    // `healthy-after + 1` is the first that proves the
+                    // container ran `healthy-after` seconds (a start at
+                    // 55.9 s seen at 56.0 s differs by 1).
                     let up = unix.saturating_sub(started_at);
-                    if up >= i64::from(self.check.healthy_after_secs) {
+                    if up > i64::from(self.check.healthy_after_secs) {
                         self.ever_healthy = true;
                         self.set(HealthState::Healthy);
                     } else {
@@ -276,7 +280,7 @@ impl Health {
             .map(|t| t.saturating_add(i64::from(self.check.deadline_secs())));
         let healthy_at = match (&self.check.probe, &self.container, self.state) {
             (None, Some((_, Some(started))), HealthState::Starting) => {
-                Some(started.saturating_add(i64::from(self.check.healthy_after_secs)))
+                Some(started.saturating_add(i64::from(self.check.healthy_after_secs) + 1))
             }
             _ => None,
         };
@@ -391,13 +395,27 @@ mod tests {
             now,
         );
         assert_eq!(h.state, HealthState::Starting);
-        assert_eq!(h.next_look(false), Some(1010), "when it will have run 10 s");
+        assert_eq!(
+            h.next_look(false),
+            Some(1011),
+            "when whole-second clocks prove it ran 10 s"
+        );
+        // 1000 → 1010 may be a start at 1000.9 seen at 1010.0: 9.1 s.
         h.observe(
             Seen::Up {
                 id: "a",
                 started_at: 1000,
             },
             1010,
+            now,
+        );
+        assert_eq!(h.state, HealthState::Starting);
+        h.observe(
+            Seen::Up {
+                id: "a",
+                started_at: 1000,
+            },
+            1011,
             now,
         );
         assert_eq!(h.state, HealthState::Healthy);
@@ -463,16 +481,16 @@ mod tests {
     }
 
     #[test]
-    fn a_trial_without_a_probe_fails_at_twice_healthy_after() {
+    fn a_trial_without_a_probe_fails_at_twice_healthy_after_plus_two() {
         let now = Instant::now();
         let mut h = Health::new(hash(), HealthCheck::default());
         h.observe(Seen::Down { id: "a" }, 1000, now);
-        assert_eq!(h.trial_verdict(1019), None);
+        assert_eq!(h.trial_verdict(1021), None);
         assert_eq!(
-            h.trial_verdict(1020),
+            h.trial_verdict(1022),
             Some(Verdict {
                 reason: RevertReason::StartFailed,
-                detail: "not healthy within 20 s: its container never ran".into()
+                detail: "not healthy within 22 s: its container never ran".into()
             })
         );
     }

@@ -362,7 +362,7 @@ mod tests {
         );
     }
 
-    /// Issue 17 (item 3): each value without a valid attempt identity is
+    /// Each value without a valid attempt identity is
     /// described for a refused-intent report, quoting the offending fields.
     #[test]
     fn values_without_an_identity_are_described() {
@@ -509,11 +509,11 @@ mod tests {
         );
     }
 
-    /// Issue 17 item 2: 70 other attempts later (more than the full records
+    /// 70 other attempts later (more than the full records
     /// kept), the first UUID with another digest is still a conflict, and
     /// with its own digest it is still ended.
     #[test]
-    fn the_binding_outlives_the_full_records_issue_17() {
+    fn the_binding_outlives_the_full_records() {
         let a = attempt();
         let mut seen = SeenAttempts::default();
         let record = |uuid, digest| SeenAttempt {

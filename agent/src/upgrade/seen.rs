@@ -204,11 +204,11 @@ mod tests {
         );
     }
 
-    /// Issue 17 item 2: an attempt, then 70 others; after a restart the
+    /// An attempt, then 70 others; after a restart the
     /// first UUID is still bound to its digest, so other content under it is
     /// refused (and nothing is recorded).
     #[test]
-    fn the_first_binding_survives_70_attempts_and_a_restart_issue_17() {
+    fn the_first_binding_survives_70_attempts_and_a_restart() {
         let (_dir, layout) = layout();
         let mut s = SeenStore::load(&layout);
         let first = AttemptUuid::new_random();

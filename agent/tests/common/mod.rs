@@ -32,6 +32,9 @@ pub struct Device {
     pub root: TempDir,
     pub config: PathBuf,
     pub notify: Notify,
+    /// READY=1 datagrams a [`Device::wait_ready`] already took (one per
+    /// agent run: a later run's wait needs a READY=1 of its own).
+    readies_taken: std::sync::atomic::AtomicUsize,
 }
 
 /// What the agent config says beyond the defaults.
@@ -126,11 +129,28 @@ impl Device {
             root,
             config: path,
             notify,
+            readies_taken: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
         self.root.path().join(rel)
+    }
+
+    /// Rewrites the config with only the intervals an agent 0.2 knows
+    /// (it refuses a config naming a key it does not know; an agent 0.3
+    /// takes the others' defaults).
+    pub fn keep_only_0_2_intervals(&self) {
+        let mut cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&self.config).expect("read config"))
+                .expect("config json");
+        let intervals = cfg["intervals"].take();
+        cfg["intervals"] = serde_json::json!({
+            "heartbeat-secs": intervals["heartbeat-secs"],
+            "resync-secs": intervals["resync-secs"],
+            "check-secs": intervals["check-secs"],
+        });
+        std::fs::write(&self.config, cfg.to_string()).expect("write config");
     }
 
     /// `fleet-agent <args> --config <config>`, with Podman's environment
@@ -179,8 +199,17 @@ impl Device {
                     agent.log()
                 );
             }
-            self.notify.find("READY=1")
+            let readies = self
+                .notify
+                .all()
+                .iter()
+                .filter(|m| m.contains("READY=1"))
+                .count();
+            (readies > self.readies_taken.load(std::sync::atomic::Ordering::SeqCst))
+                .then_some(readies)
         });
+        self.readies_taken
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// A listening socket where the updater's would be (probe mode checks

@@ -125,16 +125,18 @@ impl HealthCheck {
     /// How long a new spec has to become healthy, from the first start of
     /// its container, before the agent reverts it: `start-period + retries
     /// × interval` with a probe (plus one timeout: the last probe may run
-    /// to its deadline); without a probe, twice `healthy-after` (the
-    /// container must run `healthy-after` without a restart, and one exit
-    /// early on, restored, may still make it).
+    /// to its deadline); without a probe, twice `healthy-after` plus 2 s
+    /// (the container must run `healthy-after` without a restart, and one
+    /// exit early on, restored, may still make it; Podman's start times
+    /// are whole seconds, so proving a run of `healthy-after` takes up to
+    /// one second more, and a start may land in the next second).
     pub fn deadline_secs(&self) -> u32 {
         match self.probe {
             Some(_) => self
                 .start_period_secs
                 .saturating_add(self.retries.saturating_mul(self.interval_secs))
                 .saturating_add(self.timeout_secs),
-            None => self.healthy_after_secs.saturating_mul(2),
+            None => self.healthy_after_secs.saturating_mul(2).saturating_add(2),
         }
     }
 

@@ -15,6 +15,7 @@ mod artifact;
 mod buckets;
 mod device;
 mod generate;
+mod metrics;
 mod nats_config;
 mod rollout;
 mod status;
@@ -62,6 +63,7 @@ enum Command {
     Rollout(rollout::Rollout),
     Status(status::Status),
     Watch(watch::Watch),
+    Metrics(metrics::Metrics),
     #[command(hide = true)]
     Generate(generate::Generate),
 }
@@ -78,6 +80,7 @@ impl Command {
             Self::Rollout(c) => c.run(),
             Self::Status(c) => c.run(),
             Self::Watch(c) => c.run(),
+            Self::Metrics(c) => c.run(),
             Self::Generate(c) => c.run(),
         }
     }

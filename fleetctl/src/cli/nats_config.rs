@@ -73,7 +73,7 @@ pub struct NatsConfig {
     output: Option<PathBuf>,
     /// Serve only the current device protocol (Direct Get and republished
     /// keys); leave out what agent 0.1.0 needs (a consumer per device). Only
-    /// once no device can run 0.1.0 (README "Mixed fleets")
+    /// once no device can run 0.1.0 (docs/operator/mixed-fleets.md)
     #[arg(long)]
     no_legacy_devices: bool,
 }

@@ -17,6 +17,7 @@
 //!   booted Debian container ([`cutover`]);
 //! - `scale`: simulated fleets of both device protocols on a 3-node
 //!   cluster ([`scale`]);
+//! - `metrics`: the Prometheus exporter over N seeded devices ([`metrics`]);
 //! - `traffic`: one idle device's bytes on the wire per 30 days, a desired
 //!   change, an upgrade, against the released 0.2.0 agent ([`traffic`]).
 //!
@@ -28,6 +29,7 @@ mod agent;
 mod bins;
 mod cutover;
 mod fleet;
+mod metrics;
 mod notify;
 mod pages;
 mod procfs;
@@ -52,15 +54,16 @@ const USAGE: &str =
     "fleet-bench: measures the targets of docs/development/bench.md (run it with `make bench`)
 
 Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
-                   [--latency-runs N] [--fleet N,...] [--rollout N]
+                   [--latency-runs N] [--fleet N,...] [--rollout N] [--metrics N]
                    [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
                    [--scale-nats 2.14,2.9] [--scale-gen 1,2] [--docs-dir DIR]
                    [--scale-steady] [--traffic-secs N]
 
-Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic
+Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic,
+          metrics
           (default: all).
 Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
-          --rollout 10000 --cutover-runs 7 --scale 1000,10000
+          --rollout 10000 --metrics 100000 --cutover-runs 7 --scale 1000,10000
           --scale-window-secs 30 --scale-nats 2.14 --scale-gen 1,2
           (--scale-gen 2 leaves out the baseline, generation 1, which cannot
           bring a fleet up past ~15,000 devices here) --traffic-secs 600
@@ -74,8 +77,8 @@ The whole table also goes to <target>/bench/last-run.md.
 ";
 
 /// Every section, in the order they run.
-const SECTIONS: [&str; 8] = [
-    "sizes", "device", "download", "fleet", "rollout", "cutover", "scale", "traffic",
+const SECTIONS: [&str; 9] = [
+    "sizes", "device", "download", "fleet", "rollout", "cutover", "scale", "traffic", "metrics",
 ];
 
 #[derive(Debug)]
@@ -86,6 +89,8 @@ struct Args {
     latency_runs: usize,
     fleet: Vec<usize>,
     rollout: usize,
+    /// Devices of the metrics section.
+    metrics: usize,
     cutover_runs: usize,
     scale: Vec<usize>,
     scale_window: Duration,
@@ -112,6 +117,7 @@ impl Args {
             latency_runs: 9,
             fleet: vec![100, 1000],
             rollout: 10_000,
+            metrics: 100_000,
             cutover_runs: 7,
             scale: vec![1_000, 10_000],
             scale_window: Duration::from_secs(30),
@@ -143,6 +149,7 @@ impl Args {
                 "--cpu-secs" => a.cpu_window = Duration::from_secs(number(value()?)? as u64),
                 "--download-runs" => a.download_runs = number(value()?)?,
                 "--rollout" => a.rollout = number(value()?)?,
+                "--metrics" => a.metrics = number(value()?)?,
                 "--cutover-runs" => a.cutover_runs = number(value()?)?,
                 "--latency-runs" => a.latency_runs = number(value()?)?,
                 "--scale-nats" => {
@@ -432,6 +439,13 @@ fn run(args: &Args) -> (Results, SectionTimes) {
             table.push(row);
         }
         times.lap("traffic");
+    }
+    if args.has("metrics") {
+        let table = section_table(&mut results, "metrics");
+        for row in metrics::metrics_rows(args.metrics) {
+            table.push(row);
+        }
+        times.lap("metrics");
     }
     (results, times)
 }

@@ -59,6 +59,10 @@ fn preamble(section: &str) -> (&'static str, &'static str) {
             "Bench: idle traffic",
             "One idle device's bytes on the wire per 30 days (TLS, TCP/IPv4 headers), a desired change and an upgrade, against the released agent 0.2.0; what each interval knob costs (docs/operator/traffic.md).",
         ),
+        "metrics" => (
+            "Bench: the metrics exporter",
+            "`fleetctl metrics serve` over 100,000 seeded devices: its first complete view, a scrape, its memory (docs/operator/metrics.md).",
+        ),
         _ => ("Bench", "A section of `make bench`."),
     }
 }

@@ -1,4 +1,4 @@
-//! Fleet scale (issue 15): N simulated devices ([`fleet_sim`]: one event
+//! Fleet scale: N simulated devices ([`fleet_sim`]: one event
 //! loop, each device its own NATS user speaking the agent's protocol) on a
 //! local 3-node nats-server cluster (2.14; `--scale-nats 2.9` for Debian's)
 //! with R3 buckets, generation 1

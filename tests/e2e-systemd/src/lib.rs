@@ -1,4 +1,4 @@
-//! Agent upgrades end to end under real systemd (issue 9): this build's
+//! Agent upgrades end to end under real systemd: this build's
 //! device package in the harness's booted Debian 12 container, its agent
 //! on a nats-server on the host, artifacts over HTTPS and OCI from the
 //! host, every upgrade written by `fleetctl upgrade` as an operator does.

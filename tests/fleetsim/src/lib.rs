@@ -1,4 +1,4 @@
-//! A fleet simulator for the fleet-scale bench (issue 15): one process
+//! A fleet simulator for the fleet-scale bench: one process
 //! holding N device connections, each speaking the agent's NATS protocol
 //! exactly (its own user in `DEVICES`, the same subjects, bodies, order,
 //! acknowledged status writes, heartbeat schedule and reconnect backoff),

@@ -1,5 +1,5 @@
-//! Property-test inputs for the parsers of outside input (issue 17 item
-//! 10): mutations of a valid sample and a time bound on each parse, shared
+//! Property-test inputs for the parsers of outside input (the parsers
+//! fuzzed): mutations of a valid sample and a time bound on each parse, shared
 //! by the crates whose parsers are private (tested in-crate).
 
 use std::time::{Duration, Instant};

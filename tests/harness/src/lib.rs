@@ -1,7 +1,8 @@
 //! `fleet-harness`: real parts for every test — nats-server (single, fleet
 //! layout, 3-node cluster; Debian 2.9 and 2.14; 2.14 with the real
 //! `fleet-auth-callout`), an isolated Podman, an HTTPS server with a test
-//! CA, an identity provider on it (JWKS and OAuth2 token endpoint), an OCI
+//! CA, an identity provider on it (JWKS and OAuth2 token endpoint), Debian's
+//! Prometheus and Alertmanager (with a webhook receiver), an OCI
 //! registry (Debian's docker-registry) with a token-auth front, a booted
 //! Debian 12 systemd container, and child processes that are killed and
 //! reaped when a test ends, whatever way it ends.
@@ -23,6 +24,7 @@ mod isolation;
 mod nats;
 mod podman;
 mod proc;
+mod prometheus;
 mod registry;
 mod systemd;
 
@@ -50,6 +52,7 @@ pub use nats::{
 };
 pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
+pub use prometheus::{promtool, promtool_ok, Alertmanager, Prometheus, WebhookReceiver};
 pub use registry::{FrontAuth, Registry, RegistryFront, FRONT_SERVICE};
 pub use systemd::{
     apt_mirror, cache_dir, AgentSettings, BootOptions, ExecOutput, SystemdContainer, EXEC_TIMEOUT,

@@ -48,6 +48,14 @@ const FLEETCTL_FILES: &[(&str, u32)] = &[
     ("/usr/bin/fleetctl", 0o755),
     ("/usr/share/doc/harmony-fleetctl/copyright", 0o644),
     ("/usr/share/bash-completion/completions/fleetctl", 0o644),
+    (
+        "/usr/share/harmony-fleet/prometheus/harmony-fleet.rules.yml",
+        0o644,
+    ),
+    (
+        "/usr/share/harmony-fleet/prometheus/harmony-fleet.dashboard.json",
+        0o644,
+    ),
 ];
 
 /// FLEETCTL_FILES and fleetctl's man pages, one per command (the debug

@@ -91,7 +91,7 @@ fn the_device_joins_the_fleet_upgrades_and_a_package_upgrade_keeps_the_upgrade()
     );
     c.wait_active("fleet-updater.service", READY_TIMEOUT);
     assert_eq!(show(&c, "fleet-agent.service", "User"), "fleet-agent");
-    // A hung Podman child is killed with the agent (issue 21): the main
+    // A hung Podman child is killed with the agent: the main
     // process by SIGTERM first, what is left of the cgroup after it.
     assert_eq!(show(&c, "fleet-agent.service", "KillMode"), "mixed");
     assert_eq!(

@@ -258,7 +258,11 @@ fn man_finds_fleetctl_after_either_package_installs_it() {
         page.contains("fleetctl - operate a Harmony fleet"),
         "{page}"
     );
-    assert!(page.contains("NATS COMMANDS"), "{page}");
+    assert!(page.contains("SUBCOMMANDS"), "{page}");
+    assert!(page.contains("fleetctl-rollout(1)"), "{page}");
+    // Each command group has its own page.
+    let rollout = man(&c, &["fleetctl-rollout"]);
+    assert!(rollout.contains("fleetctl-rollout"), "{rollout}");
     c.exec_ok(&["dpkg", "-r", "harmony-fleetctl"]);
     assert!(!c.exec(&["man", "-w", "fleetctl"]).success());
 

@@ -336,12 +336,18 @@ impl Device {
         .expect("upgrade answered")
     }
 
-    /// An accepted upgrade's status (panics on a refusal).
+    /// An accepted upgrade's status (panics on a refusal). `busy` is asked
+    /// again: the recovery thread logs "recovery complete" just before it
+    /// lets go of the journal, and the attempt before a test's own may
+    /// still be settling.
     pub fn upgrade_ok(&self, attempt: &AgentUpgradeAttempt) -> UpgradeStatus {
-        match self.upgrade(attempt) {
-            Response::Ok(r) => r.status.expect("a status"),
-            Response::Err(e) => panic!("upgrade refused: {e}"),
-        }
+        poll_until("the upgrade accepted, not busy", SETTLE, || {
+            match self.upgrade(attempt) {
+                Response::Ok(r) => Some(r.status.expect("a status")),
+                Response::Err(e) if e.code == fleet_common::contracts::ErrorCode::Busy => None,
+                Response::Err(e) => panic!("upgrade refused: {e}"),
+            }
+        })
     }
 
     /// Waits until the status is terminal and the supervisor settled.
