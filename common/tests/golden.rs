@@ -1077,7 +1077,8 @@ fn operator_labels_and_rollout_state() {
     let d = |s: &str| DeviceId::parse(s).expect("device");
     let state = RolloutState {
         id: "r-6d0b4c39".to_owned(),
-        release: release(),
+        release: Some(release()),
+        workload: None,
         selector: Some("site=berlin,tier!=lab".to_owned()),
         batches: vec!["1".to_owned(), "50%".to_owned(), "100%".to_owned()],
         success_threshold_pct: 95,
@@ -1106,6 +1107,35 @@ fn operator_labels_and_rollout_state() {
     check("rollout-state", &state);
     assert_eq!(state.batch(1), &[d("truck-0002")]);
     assert_eq!(state.batch_of(2), 2);
+
+    // A workload rollout (fleetctl 0.3 on): the same state with a workload
+    // target instead of a release, and each device's previous spec.
+    let old =
+        WorkloadSpec::from_json(br#"{"image":"registry.example.com/web:1.4"}"#).expect("spec");
+    let new = WorkloadSpec::from_json(
+        br#"{"image":"registry.example.com/web:1.5","health":{"healthy-after-secs":5}}"#,
+    )
+    .expect("spec");
+    let mut previous = PreviousSpecs::default();
+    previous.record(
+        d("truck-0001"),
+        &PreviousSpec::Spec(old.spec_hash()),
+        Some(&old),
+    );
+    previous.record(d("truck-0002"), &PreviousSpec::Absent, None);
+    let workload = RolloutState {
+        release: None,
+        workload: Some(WorkloadRollout {
+            workload: WorkloadName::parse("web").expect("name"),
+            spec_hash: new.spec_hash(),
+            spec: new,
+            previous,
+            undone_at: Some(t(120_000)),
+        }),
+        ..state
+    };
+    check("workload-rollout-state", &workload);
+    assert_eq!(workload.kind(), RolloutKind::Workload);
 }
 
 fn healthy_spec() -> WorkloadSpec {

@@ -4,6 +4,8 @@
 //! document already holds this very spec is left alone and says so, so a
 //! re-run is idempotent and only reaches devices that joined the group (or
 //! whose spec differs) since. `--dry-run` reads and says what would change.
+//! A device whose agent is too old for a field of the spec is refused and
+//! says which version it needs; the others are written.
 
 use std::fmt::Write;
 use std::path::Path;
@@ -43,9 +45,20 @@ pub fn apply(
     let short = &hash.as_str()[..12];
     let devices = select(conn, Some(sel), Keys::Upgrade)?;
     let (mut added, mut changed, mut unchanged, mut failed) = (0usize, 0usize, 0usize, 0usize);
+    let mut refused = 0usize;
     let mut lines = String::new();
     for d in &devices {
         let id = &d.view.id;
+        if let Some(why) = d
+            .view
+            .info
+            .as_ref()
+            .and_then(|i| crate::workload_rollout::too_old(&spec, &i.agent_version))
+        {
+            refused += 1;
+            let _ = writeln!(lines, "{id}: refused: {why}");
+            continue;
+        }
         let line = match read_document(conn, id) {
             Err(e) => {
                 failed += 1;
@@ -96,6 +109,12 @@ pub fn apply(
         devices.len(),
         sel.as_str()
     );
+    if refused > 0 {
+        let _ = write!(
+            summary,
+            ", {refused} refused (their agent does not read the spec: upgrade them first)"
+        );
+    }
     if failed > 0 {
         let _ = write!(summary, ", {failed} failed (re-run to retry them)");
     }
@@ -103,7 +122,7 @@ pub fn apply(
     Ok(GroupOutcome {
         lines,
         summary,
-        failed,
+        failed: failed + refused,
     })
 }
 

@@ -309,6 +309,25 @@ pub fn cas_put_all(
     bucket: &str,
     writes: &[CasWrite],
 ) -> Result<Vec<CasOutcome>, CtlError> {
+    put_pipelined(conn, bucket, writes, true)
+}
+
+/// Writes every `writes[i]` to `bucket` whatever its sequence
+/// (`expected_seq` is not checked), pipelined as [`cas_put_all`].
+pub fn put_all(
+    conn: &nats::Connection,
+    bucket: &str,
+    writes: &[CasWrite],
+) -> Result<Vec<CasOutcome>, CtlError> {
+    put_pipelined(conn, bucket, writes, false)
+}
+
+fn put_pipelined(
+    conn: &nats::Connection,
+    bucket: &str,
+    writes: &[CasWrite],
+    check_seq: bool,
+) -> Result<Vec<CasOutcome>, CtlError> {
     let what = || format!("writing {} keys of {bucket}", writes.len());
     let inbox = conn.new_inbox();
     let sub = conn
@@ -347,10 +366,12 @@ pub fn cas_put_all(
         while sent < writes.len() && sent - answered < MAX_IN_FLIGHT {
             let w = &writes[sent];
             let mut headers = nats::header::HeaderMap::new();
-            headers.insert(
-                HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE,
-                w.expected_seq.to_string(),
-            );
+            if check_seq {
+                headers.insert(
+                    HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                    w.expected_seq.to_string(),
+                );
+            }
             conn.publish_with_reply_or_headers(
                 &kv_subject(bucket, &w.key),
                 Some(&format!("{inbox}.{sent}")),

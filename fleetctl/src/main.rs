@@ -40,6 +40,7 @@ mod status;
 mod upgrade;
 mod watch;
 mod workload;
+mod workload_rollout;
 
 fn main() -> std::process::ExitCode {
     cli::main()

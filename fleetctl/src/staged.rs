@@ -31,8 +31,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use fleet_common::contracts::{
-    AgentUpgradeAttempt, BatchResult, Release, RolloutFailure, RolloutPhase, RolloutState,
-    UpgradePhase,
+    AgentUpgradeAttempt, BatchResult, PreviousSpec, Release, RolloutFailure, RolloutKind,
+    RolloutPhase, RolloutState, UpgradePhase, WorkloadRollout, WorkloadSpec,
 };
 use fleet_common::subjects::{rollout_key, BUCKET_CONTROL, BUCKET_OPERATOR, ROLLOUTS_PREFIX};
 use fleet_common::validate::{AttemptUuid, DeviceId};
@@ -44,6 +44,7 @@ use crate::js::{self, is_wrong_last_sequence, kv, CasOutcome};
 use crate::labels::{self, Device};
 use crate::selector::Selector;
 use crate::upgrade::{cas_write, plan, read_release, Mode, Plan, Skip};
+use crate::workload_rollout::{self, Facts, WorkloadJudge};
 
 /// Between two ticks of a running rollout.
 const TICK: Duration = Duration::from_millis(500);
@@ -147,8 +148,63 @@ pub enum Class {
     /// Its intent carries this release; not yet terminal.
     InFlight,
     Frozen,
-    /// Needs an intent.
-    Waiting(Box<AgentUpgradeAttempt>, u64),
+    /// Needs a write (an intent, or a desired document).
+    Waiting(Box<Write>),
+}
+
+/// What a rollout writes to one device: an upgrade intent over the
+/// intent's revision, or a desired-workloads document over its revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    Intent(AgentUpgradeAttempt, u64),
+    Spec(SpecWrite),
+}
+
+/// A device's desired document with the rollout's spec in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecWrite {
+    pub device: DeviceId,
+    /// The document's last stream sequence as read (0: never written).
+    pub seq: u64,
+    /// The whole document to write (the other workloads as they were).
+    pub doc: Vec<u8>,
+    /// What the document held for the workload: kept in the rollout's
+    /// state before the write, for `rollout undo`.
+    pub previous: PreviousSpec,
+    pub previous_spec: Option<WorkloadSpec>,
+}
+
+impl Write {
+    pub fn device(&self) -> &DeviceId {
+        match self {
+            Self::Intent(a, _) => &a.device_id,
+            Self::Spec(s) => &s.device,
+        }
+    }
+}
+
+/// How a rollout's kind judges a device: its class, and whether it counts
+/// against the disruption budget.
+pub trait Judge {
+    fn classify(&self, d: &Device) -> Class;
+    fn unavailable(&self, d: &Device, now: Timestamp) -> bool;
+    /// What is rolled out, for the lines (`2.0`, `web spec 1a2b3c4d5e6f`).
+    fn target(&self) -> String;
+}
+
+/// An agent release's judge.
+pub struct AgentJudge<'a>(pub &'a Release);
+
+impl Judge for AgentJudge<'_> {
+    fn classify(&self, d: &Device) -> Class {
+        classify(&d.view, self.0, AttemptUuid::new_random())
+    }
+    fn unavailable(&self, d: &Device, now: Timestamp) -> bool {
+        unavailable(&d.view, now)
+    }
+    fn target(&self) -> String {
+        self.0.version.to_string()
+    }
 }
 
 impl Class {
@@ -199,7 +255,7 @@ pub fn classify(d: &DeviceView, release: &Release, uuid: AttemptUuid) -> Class {
         return Class::InFlight;
     }
     match plan(d, release, false, Mode::Fleet, uuid) {
-        Plan::Write(a) => Class::Waiting(Box::new(a), d.intent.seq),
+        Plan::Write(a) => Class::Waiting(Box::new(Write::Intent(a, d.intent.seq))),
         Plan::UpToDate(_) => Class::Done,
         Plan::Skip(Skip::Frozen) => Class::Frozen,
         Plan::Skip(s) => Class::Failed(s.to_string()),
@@ -230,6 +286,11 @@ pub enum Event {
     Issued {
         device: DeviceId,
         uuid: AttemptUuid,
+    },
+    /// A workload rollout wrote the device's document.
+    Wrote {
+        device: DeviceId,
+        what: String,
     },
     Device {
         device: DeviceId,
@@ -264,8 +325,8 @@ pub struct Counts {
 /// What one tick decided.
 #[derive(Debug, Default)]
 pub struct Tick {
-    /// Intents to write (each over the intent revision read).
-    pub writes: Vec<(AgentUpgradeAttempt, u64)>,
+    /// What to write (each over the revision read).
+    pub writes: Vec<Write>,
     pub events: Vec<Event>,
     /// The state changed (batch ended, halted, complete).
     pub changed: bool,
@@ -280,13 +341,29 @@ fn group_of<'a>(d: &'a Device, group_by: Option<&str>) -> Option<&'a str> {
     }
 }
 
-/// One tick over `fleet` (every device, for the budget); `seen` holds each
-/// device's class name of the last tick (events are changes).
+/// One tick of an agent rollout over `fleet` (every device, for the
+/// budget); `seen` holds each device's class name of the last tick (events
+/// are changes).
+#[cfg(test)]
 pub fn decide(
     state: &mut RolloutState,
     fleet: &BTreeMap<DeviceId, Device>,
     now: Timestamp,
     seen: &mut BTreeMap<DeviceId, String>,
+) -> Tick {
+    let Some(release) = state.release.clone() else {
+        return Tick::default();
+    };
+    decide_with(state, fleet, now, seen, &AgentJudge(&release))
+}
+
+/// One tick of a rollout of any kind, devices judged by `judge`.
+pub fn decide_with(
+    state: &mut RolloutState,
+    fleet: &BTreeMap<DeviceId, Device>,
+    now: Timestamp,
+    seen: &mut BTreeMap<DeviceId, String>,
+    judge: &dyn Judge,
 ) -> Tick {
     let mut tick = Tick::default();
     if state.phase != RolloutPhase::Running {
@@ -300,7 +377,7 @@ pub fn decide(
     if state.max_unavailable.is_some() {
         for d in fleet.values() {
             if let Some(g) = group_of(d, group_by) {
-                if unavailable(&d.view, now) {
+                if judge.unavailable(d, now) {
                     *budget.entry(g).or_default() += 1;
                 }
             }
@@ -310,8 +387,8 @@ pub fn decide(
     for id in state.devices.iter().take(upto) {
         let (class, issued) = match fleet.get(id) {
             None => (Class::Failed("no longer known to NATS".into()), false),
-            Some(d) => match classify(&d.view, &state.release, AttemptUuid::new_random()) {
-                Class::Waiting(a, seq) => {
+            Some(d) => match judge.classify(d) {
+                Class::Waiting(w) => {
                     // Devices outside every group of --group-by are not limited.
                     let allowed = match (state.max_unavailable, group_of(d, group_by)) {
                         (Some(max), Some(g)) => {
@@ -325,10 +402,10 @@ pub fn decide(
                         _ => true,
                     };
                     if allowed {
-                        tick.writes.push((*a, seq));
+                        tick.writes.push(*w);
                         (Class::InFlight, true)
                     } else {
-                        (Class::Waiting(a, seq), false)
+                        (Class::Waiting(w), false)
                     }
                 }
                 c => (c, false),
@@ -407,7 +484,7 @@ pub fn decide(
     if timed_out && !settled {
         // Intents decided this tick for the ended batch are not issued.
         let late: Vec<&DeviceId> = ids.iter().collect();
-        tick.writes.retain(|(a, _)| !late.contains(&&a.device_id));
+        tick.writes.retain(|w| !late.contains(&w.device()));
     }
     let judged = counts.done + failed.len();
     let pass =
@@ -475,42 +552,60 @@ pub fn create(
     devices: &[Device],
     now: Timestamp,
 ) -> Result<(RolloutState, Vec<String>), CtlError> {
+    let (chosen, left_out) = choose(&AgentJudge(&release), devices);
+    let state = new_state(id, Some(release), None, selector, policy, chosen, now)?;
+    Ok((state, left_out))
+}
+
+/// The devices a new rollout takes (frozen ones included), in device
+/// order, and the lines for the devices left out.
+pub fn choose(judge: &dyn Judge, devices: &[Device]) -> (Vec<DeviceId>, Vec<String>) {
     let mut chosen = Vec::new();
     let mut left_out = Vec::new();
     for d in devices {
-        match classify(&d.view, &release, AttemptUuid::new_random()) {
-            Class::Done => {
-                left_out.push(format!("{}: already runs {}", d.view.id, release.version))
-            }
+        match judge.classify(d) {
+            Class::Done => left_out.push(format!("{}: already runs {}", d.view.id, judge.target())),
             // No info, no artifact for its architecture, rollback-failed,
-            // this release already failed there: never counted in a batch.
+            // an agent too old for the spec, this release or spec already
+            // failed there: never counted in a batch.
             Class::Failed(why) => left_out.push(format!("{}: left out: {why}", d.view.id)),
             _ => chosen.push(d.view.id.clone()),
         }
     }
+    (chosen, left_out)
+}
+
+/// A new rollout's state over `chosen`, cut into batches.
+pub fn new_state(
+    id: String,
+    release: Option<Release>,
+    workload: Option<WorkloadRollout>,
+    selector: Option<&Selector>,
+    policy: &Policy,
+    chosen: Vec<DeviceId>,
+    now: Timestamp,
+) -> Result<RolloutState, CtlError> {
     let ends = batch_ends(&policy.batches, chosen.len() as u32).map_err(CtlError::Input)?;
-    Ok((
-        RolloutState {
-            id,
-            release,
-            selector: selector.map(|s| s.as_str().to_owned()),
-            batches: policy.batches.clone(),
-            success_threshold_pct: policy.success_threshold_pct,
-            batch_timeout_secs: policy.batch_timeout.as_secs(),
-            max_unavailable: policy.max_unavailable,
-            group_by: policy.group_by.clone(),
-            devices: chosen,
-            batch_ends: ends,
-            phase: RolloutPhase::Running,
-            current_batch: 0,
-            batch_started_at: now,
-            results: Vec::new(),
-            halt_reason: None,
-            created_at: now,
-            updated_at: now,
-        },
-        left_out,
-    ))
+    Ok(RolloutState {
+        id,
+        release,
+        workload,
+        selector: selector.map(|s| s.as_str().to_owned()),
+        batches: policy.batches.clone(),
+        success_threshold_pct: policy.success_threshold_pct,
+        batch_timeout_secs: policy.batch_timeout.as_secs(),
+        max_unavailable: policy.max_unavailable,
+        group_by: policy.group_by.clone(),
+        devices: chosen,
+        batch_ends: ends,
+        phase: RolloutPhase::Running,
+        current_batch: 0,
+        batch_started_at: now,
+        results: Vec::new(),
+        halt_reason: None,
+        created_at: now,
+        updated_at: now,
+    })
 }
 
 /// How the events are printed.
@@ -543,6 +638,7 @@ fn event_line(id: &str, e: &Event, now: Timestamp, state: &RolloutState) -> Stri
             format!("batch {}/{n} started: {devices} devices", batch + 1)
         }
         Event::Issued { device, uuid } => format!("{device}: issued attempt {uuid}"),
+        Event::Wrote { device, what } => format!("{device}: wrote {what}"),
         Event::Device { device, class, why } => match why {
             Some(w) => format!("{device}: {class}: {w}"),
             None => format!("{device}: {class}"),
@@ -570,6 +666,9 @@ fn event_json(id: &str, e: &Event, now: Timestamp) -> serde_json::Value {
         }
         Event::Issued { device, uuid } => {
             serde_json::json!({"event": "issued", "device": device, "attempt-uuid": uuid})
+        }
+        Event::Wrote { device, what } => {
+            serde_json::json!({"event": "wrote", "device": device, "what": what})
         }
         Event::Device { device, class, why } => {
             serde_json::json!({"event": "device", "device": device, "state": class, "why": why})
@@ -626,7 +725,10 @@ pub fn read_state(
     Ok(Some((s, e.revision)))
 }
 
-fn must_read(store: &nats::kv::Store, id: &str) -> Result<(RolloutState, u64), CtlError> {
+pub(crate) fn must_read(
+    store: &nats::kv::Store,
+    id: &str,
+) -> Result<(RolloutState, u64), CtlError> {
     read_state(store, id)?.ok_or_else(|| {
         CtlError::Refused(format!(
             "no rollout {id:?} in {BUCKET_OPERATOR}: list them with fleetctl rollout ls"
@@ -636,7 +738,7 @@ fn must_read(store: &nats::kv::Store, id: &str) -> Result<(RolloutState, u64), C
 
 /// Writes `state` over `revision` (`None`: must be new); `Ok(None)`:
 /// another writer moved it.
-fn write_state(
+pub(crate) fn write_state(
     store: &nats::kv::Store,
     state: &RolloutState,
     revision: Option<u64>,
@@ -669,6 +771,15 @@ fn read_fleet(conn: &nats::Connection) -> Result<BTreeMap<DeviceId, Device>, Ctl
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ended(pub RolloutPhase);
 
+/// What a rollout rolls out, for its lines: an agent release's version
+/// (`2.0`), or `workload web spec 1a2b3c4d5e6f`.
+pub fn target_text(state: &RolloutState) -> String {
+    match (&state.workload, &state.release) {
+        (None, Some(r)) => r.version.to_string(),
+        _ => state.target(),
+    }
+}
+
 /// `fleetctl rollout --release ... --batches ...`: creates the rollout and
 /// drives it.
 pub fn start(
@@ -679,17 +790,28 @@ pub fn start(
     display: Display,
 ) -> Result<Ended, CtlError> {
     let release = read_release(release)?;
-    let store = kv(conn, BUCKET_OPERATOR)?;
     let devices = labels::select(conn, selector, Keys::Rollout)?;
     let id = format!("r-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let (state, left_out) = create(id, release, selector, policy, &devices, Timestamp::now())?;
+    launch(conn, state, &left_out, devices.len(), display)
+}
+
+/// Writes a new rollout's state (refused when it has no device), prints
+/// its header and drives it.
+pub fn launch(
+    conn: &nats::Connection,
+    state: RolloutState,
+    left_out: &[String],
+    selected: usize,
+    display: Display,
+) -> Result<Ended, CtlError> {
+    let store = kv(conn, BUCKET_OPERATOR)?;
     if state.devices.is_empty() {
-        for l in &left_out {
+        for l in left_out {
             println!("{l}");
         }
         return Err(CtlError::Refused(format!(
-            "no device to roll out to ({} selected): nothing written",
-            devices.len()
+            "no device to roll out to ({selected} selected): nothing written"
         )));
     }
     write_state(&store, &state, None)?.ok_or_else(|| {
@@ -701,7 +823,7 @@ pub fn start(
     let header = format!(
         "rollout {} started: {} to {} devices in {} batches ({}), threshold {}%, batch timeout {} s{}",
         state.id,
-        state.release.version,
+        target_text(&state),
         state.devices.len(),
         state.batch_ends.len(),
         state
@@ -721,11 +843,11 @@ pub fn start(
     if display == Display::Json {
         println!(
             "{}",
-            serde_json::json!({"event": "started", "rollout": state.id, "devices": state.devices.len(), "batch-ends": state.batch_ends, "left-out": left_out})
+            serde_json::json!({"event": "started", "rollout": state.id, "kind": state.kind().as_str(), "devices": state.devices.len(), "batch-ends": state.batch_ends, "left-out": left_out})
         );
     } else {
         println!("{header}");
-        for l in &left_out {
+        for l in left_out {
             println!("{l}");
         }
         println!(
@@ -745,6 +867,34 @@ pub fn start(
     drive(conn, &state.id, display)
 }
 
+/// One tick's facts beyond the fleet: what a workload rollout reads.
+fn tick_facts(conn: &nats::Connection, state: &RolloutState) -> Result<Option<Facts>, CtlError> {
+    match state.workload {
+        Some(_) => Ok(Some(workload_rollout::read_facts(conn)?)),
+        None => Ok(None),
+    }
+}
+
+/// Runs `f` with the judge of `state`'s kind.
+fn with_judge<T>(
+    state: &RolloutState,
+    facts: Option<&Facts>,
+    f: impl FnOnce(&dyn Judge) -> T,
+) -> Result<T, CtlError> {
+    let empty = Facts::default();
+    match (&state.workload, &state.release) {
+        (Some(target), _) => Ok(f(&WorkloadJudge {
+            target,
+            facts: facts.unwrap_or(&empty),
+        })),
+        (None, Some(release)) => Ok(f(&AgentJudge(release))),
+        (None, None) => Err(CtlError::Refused(format!(
+            "{BUCKET_OPERATOR} {}: a rollout state with neither release nor workload; delete it",
+            rollout_key(&state.id)
+        ))),
+    }
+}
+
 /// Drives rollout `id` until it is complete, halted or aborted.
 pub fn drive(conn: &nats::Connection, id: &str, display: Display) -> Result<Ended, CtlError> {
     let store = kv(conn, BUCKET_OPERATOR)?;
@@ -761,7 +911,14 @@ pub fn drive(conn: &nats::Connection, id: &str, display: Display) -> Result<Ende
             phase => return Ok(Ended(phase)),
         }
         let fleet = read_fleet(conn)?;
-        let mut tick = decide(&mut state, &fleet, Timestamp::now(), &mut seen);
+        let facts = tick_facts(conn, &state)?;
+        let judged = state.clone();
+        let mut tick = with_judge(&judged, facts.as_ref(), |j| {
+            decide_with(&mut state, &fleet, Timestamp::now(), &mut seen, j)
+        })?;
+        if let Some(w) = state.workload.as_mut() {
+            workload_rollout::record_previous(w, &tick.writes);
+        }
         if tick.changed || !tick.writes.is_empty() {
             // The state first: a concurrent abort or another driver wins,
             // and this tick issues nothing.
@@ -770,14 +927,56 @@ pub fn drive(conn: &nats::Connection, id: &str, display: Display) -> Result<Ende
                 continue;
             }
         }
-        if !tick.writes.is_empty() {
-            let batch: Vec<_> = tick
-                .writes
-                .iter()
-                .map(|(a, seq)| cas_write(a, *seq))
-                .collect();
+        let intents: Vec<(&AgentUpgradeAttempt, u64)> = tick
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Intent(a, seq) => Some((a, *seq)),
+                Write::Spec(_) => None,
+            })
+            .collect();
+        let specs: Vec<&SpecWrite> = tick
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Spec(s) => Some(s),
+                Write::Intent(..) => None,
+            })
+            .collect();
+        if let (Some(target), false) = (&state.workload, specs.is_empty()) {
+            let outcomes = workload_rollout::write_docs(conn, target, &specs)?;
+            let what = format!(
+                "{} spec {}",
+                target.workload,
+                &target.spec_hash.as_str()[..12]
+            );
+            for (s, o) in specs.iter().zip(outcomes) {
+                let e = match o {
+                    CasOutcome::Written { seq } => {
+                        seen.insert(s.device.clone(), "in flight".into());
+                        Event::Wrote {
+                            device: s.device.clone(),
+                            what: format!("{what} (revision {seq})"),
+                        }
+                    }
+                    CasOutcome::Conflict(why) => Event::Lost {
+                        device: s.device.clone(),
+                        why: format!(
+                            "lost the race for its document ({why}): read again next tick"
+                        ),
+                    },
+                    CasOutcome::Failed(why) => Event::Lost {
+                        device: s.device.clone(),
+                        why: format!("document write failed ({why}): tried again next tick"),
+                    },
+                };
+                tick.events.push(e);
+            }
+        }
+        if !intents.is_empty() {
+            let batch: Vec<_> = intents.iter().map(|(a, seq)| cas_write(a, *seq)).collect();
             let outcomes = js::cas_put_all(conn, BUCKET_CONTROL, &batch)?;
-            for ((a, _), o) in tick.writes.iter().zip(outcomes) {
+            for ((a, _), o) in intents.iter().zip(outcomes) {
                 let e = match o {
                     CasOutcome::Written { .. } => {
                         seen.insert(a.device_id.clone(), "in flight".into());
@@ -800,7 +999,10 @@ pub fn drive(conn: &nats::Connection, id: &str, display: Display) -> Result<Ende
         }
         // Events of devices first, then the batch's end.
         tick.events.sort_by_key(|e| match e {
-            Event::Issued { .. } | Event::Device { .. } | Event::Lost { .. } => 0,
+            Event::Issued { .. }
+            | Event::Wrote { .. }
+            | Event::Device { .. }
+            | Event::Lost { .. } => 0,
             Event::BatchEnded { .. } => 1,
             _ => 2,
         });
@@ -840,8 +1042,16 @@ pub fn resume(conn: &nats::Connection, id: &str, display: Display) -> Result<End
             RolloutPhase::Running => break,
             RolloutPhase::Halted => {
                 return Err(CtlError::Refused(format!(
-                    "rollout {id} halted ({}); it issues nothing more: fix the release and start a new rollout",
-                    state.halt_reason.as_deref().unwrap_or("below the threshold")
+                    "rollout {id} halted ({}); it issues nothing more: {}",
+                    state
+                        .halt_reason
+                        .as_deref()
+                        .unwrap_or("below the threshold"),
+                    if state.workload.is_some() {
+                        "put its devices back with fleetctl rollout undo, fix the spec and start a new rollout"
+                    } else {
+                        "fix the release and start a new rollout"
+                    }
                 )))
             }
             RolloutPhase::Aborted => {
@@ -882,8 +1092,13 @@ pub fn abort(conn: &nats::Connection, id: &str) -> Result<String, CtlError> {
         state.phase = RolloutPhase::Aborted;
         state.updated_at = Timestamp::now();
         if write_state(&store, &state, Some(rev))?.is_some() {
+            let left = if state.workload.is_some() {
+                "documents already written stay (fleetctl rollout undo puts them back)"
+            } else {
+                "attempts already issued run to their end"
+            };
             return Ok(format!(
-                "rollout {id} aborted (was {was}): nothing more is issued; attempts already issued run to their end\n"
+                "rollout {id} aborted (was {was}): nothing more is issued; {left}\n"
             ));
         }
     }
@@ -894,15 +1109,26 @@ pub fn status(conn: &nats::Connection, id: &str, json: bool) -> Result<String, C
     let store = kv(conn, BUCKET_OPERATOR)?;
     let (state, _) = must_read(&store, id)?;
     let fleet = read_fleet(conn)?;
+    let facts = tick_facts(conn, &state)?;
+    let per_batch = with_judge(&state, facts.as_ref(), |judge| {
+        per_batch(&state, &fleet, judge)
+    })?;
+    render_status(&state, &per_batch, json)
+}
+
+type BatchCounts = Vec<(Counts, Vec<(DeviceId, String)>)>;
+
+fn per_batch(
+    state: &RolloutState,
+    fleet: &BTreeMap<DeviceId, Device>,
+    judge: &dyn Judge,
+) -> BatchCounts {
     let mut per_batch = Vec::new();
     for b in 0..state.batch_ends.len() {
         let mut c = Counts::default();
         let mut failed = Vec::new();
         for id in state.batch(b) {
-            match fleet
-                .get(id)
-                .map(|d| classify(&d.view, &state.release, AttemptUuid::new_random()))
-            {
+            match fleet.get(id).map(|d| judge.classify(d)) {
                 Some(Class::Done) => c.done += 1,
                 Some(Class::InFlight) => c.in_flight += 1,
                 Some(Class::Frozen) => c.frozen += 1,
@@ -919,6 +1145,14 @@ pub fn status(conn: &nats::Connection, id: &str, json: bool) -> Result<String, C
         }
         per_batch.push((c, failed));
     }
+    per_batch
+}
+
+fn render_status(
+    state: &RolloutState,
+    per_batch: &BatchCounts,
+    json: bool,
+) -> Result<String, CtlError> {
     if json {
         let batches: Vec<serde_json::Value> = per_batch
             .iter()
@@ -945,14 +1179,14 @@ pub fn status(conn: &nats::Connection, id: &str, json: bool) -> Result<String, C
         "rollout {} ({}): {} to {} devices{}, {}; batch {}/{} since {}",
         state.id,
         state.phase,
-        state.release.version,
+        target_text(state),
         state.devices.len(),
         state
             .selector
             .as_ref()
             .map(|s| format!(" matching {s:?}"))
             .unwrap_or_default(),
-        policy_text(&state),
+        policy_text(state),
         state.current_batch + 1,
         state.batch_ends.len(),
         state.batch_started_at
@@ -999,6 +1233,43 @@ fn policy_text(s: &RolloutState) -> String {
     t
 }
 
+/// One rollout as `rollout ls` (and the metrics) see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub id: String,
+    pub kind: RolloutKind,
+    pub phase: RolloutPhase,
+    /// [`target_text`].
+    pub target: String,
+    pub devices: usize,
+    /// 0-based; with `batches`, the progress.
+    pub current_batch: u32,
+    pub batches: usize,
+    /// Devices counted succeeded and failed in the batches ended so far.
+    pub succeeded: u32,
+    pub failed: usize,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl Summary {
+    pub fn of(s: &RolloutState) -> Self {
+        Self {
+            id: s.id.clone(),
+            kind: s.kind(),
+            phase: s.phase,
+            target: target_text(s),
+            devices: s.devices.len(),
+            current_batch: s.current_batch,
+            batches: s.batch_ends.len(),
+            succeeded: s.results.iter().map(|r| r.succeeded).sum(),
+            failed: s.results.iter().map(|r| r.failed.len()).sum(),
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+        }
+    }
+}
+
 /// One rollout key: its state, or why its value is not one.
 pub type Listed = (String, Result<RolloutState, String>);
 
@@ -1025,17 +1296,17 @@ pub fn list(conn: &nats::Connection) -> Result<Vec<Listed>, CtlError> {
 pub fn ls(conn: &nats::Connection) -> Result<String, CtlError> {
     let mut out = String::new();
     for (key, state) in list(conn)? {
-        match state {
+        match state.as_ref().map(Summary::of) {
             Ok(s) => {
                 let _ = writeln!(
                     out,
                     "{} ({}): {} to {} devices, batch {}/{}, created {}",
                     s.id,
                     s.phase,
-                    s.release.version,
-                    s.devices.len(),
+                    s.target,
+                    s.devices,
                     s.current_batch + 1,
-                    s.batch_ends.len(),
+                    s.batches,
                     s.created_at
                 );
             }
@@ -1051,7 +1322,7 @@ pub fn ls(conn: &nats::Connection) -> Result<String, CtlError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use fleet_common::contracts::{
         ConfigState, ConfigStateReport, DeviceInfo, Heartbeat, UpgradeReason, UpgradeStatus,
@@ -1066,7 +1337,8 @@ mod tests {
         .expect("release")
     }
 
-    fn device(i: usize, now: Timestamp) -> Device {
+    /// Device `dev<i>` on agent 1.0, configured, with a fresh heartbeat.
+    pub(crate) fn device(i: usize, now: Timestamp) -> Device {
         let id = DeviceId::parse(&format!("dev{i:05}")).expect("id");
         let mut view = DeviceView::new(id.clone());
         let state = ConfigStateReport {
@@ -1108,7 +1380,10 @@ mod tests {
         outcome: Option<UpgradePhase>,
         now: Timestamp,
     ) {
-        for (a, seq) in &tick.writes {
+        for w in &tick.writes {
+            let Write::Intent(a, seq) = w else {
+                continue;
+            };
             let d = fleet.get_mut(&a.device_id).expect("device");
             d.view.intent.seq = seq + 1;
             d.view.intent.present = true;
@@ -1170,9 +1445,9 @@ mod tests {
                     *per_site.entry(d.labels["site"].as_str()).or_default() += 1;
                 }
             }
-            for (a, _) in &tick.writes {
+            for w in &tick.writes {
                 *per_site
-                    .entry(fleet[&a.device_id].labels["site"].as_str())
+                    .entry(fleet[w.device()].labels["site"].as_str())
                     .or_default() += 1;
             }
             assert!(per_site.values().all(|n| *n <= 500), "{per_site:?}");
@@ -1214,11 +1489,7 @@ mod tests {
             .map(|d| (d.view.id.clone(), d))
             .collect();
         let tick = decide(&mut state, &fleet, now, &mut BTreeMap::new());
-        let issued: Vec<&str> = tick
-            .writes
-            .iter()
-            .map(|(a, _)| a.device_id.as_str())
-            .collect();
+        let issued: Vec<&str> = tick.writes.iter().map(|w| w.device().as_str()).collect();
         assert_eq!(issued, ["dev00001"]);
         assert_eq!(tick.counts.waiting, 1);
     }

@@ -1,6 +1,9 @@
 //! `fleetctl workload apply|rm|ls`: a device's desired workloads. A spec is
 //! validated before it is written (a spec the agent would refuse is refused
-//! here, naming the field) and written in its canonical form.
+//! here, naming the field) and written in its canonical form. A spec with
+//! a field the device's agent does not read yet (`SPEC_FIELDS_SINCE`:
+//! `health` needs agent 0.3.0) is refused for that device, naming it and
+//! the version it needs (a device that never reported is written).
 //!
 //! Generation-2 agents read one document per device, `fleet-workloads`
 //! `<device>.desired` (`DesiredWorkloads`): apply and rm read it, change
@@ -65,6 +68,22 @@ pub fn apply(
 ) -> Result<(u64, String), CtlError> {
     let (d, w) = ids(device, workload)?;
     let spec = read_spec(file)?;
+    if !spec.versioned_fields().is_empty() {
+        let views = crate::fleet::read(
+            conn,
+            &crate::fleet::Scope::Device(d.clone()),
+            crate::fleet::Keys::Upgrade,
+        )?;
+        if let Some(why) = views
+            .get(&d)
+            .and_then(|v| v.info.as_ref())
+            .and_then(|i| crate::workload_rollout::too_old(&spec, &i.agent_version))
+        {
+            return Err(CtlError::Refused(format!(
+                "device {d}: {why}; nothing written"
+            )));
+        }
+    }
     let rev = put_spec(conn, &d, &w, &spec)?;
     Ok((rev, spec.spec_hash().as_str().to_owned()))
 }
@@ -217,7 +236,7 @@ fn edit_document(
 }
 
 /// `fleet-desired`, while it exists (generation 1 not yet retired).
-fn legacy_store(conn: &nats::Connection) -> Result<Option<nats::kv::Store>, CtlError> {
+pub fn legacy_store(conn: &nats::Connection) -> Result<Option<nats::kv::Store>, CtlError> {
     match nats::jetstream::new(conn.clone()).key_value(BUCKET_DESIRED) {
         Ok(s) => Ok(Some(s)),
         Err(e) if e.to_string().contains("not found") => Ok(None),

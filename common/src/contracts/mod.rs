@@ -45,8 +45,9 @@ pub use oci::{
 };
 pub use operator::{
     check_label, is_label_key, is_label_value, is_rollout_id, BatchResult, DeviceLabels,
-    LabelError, RolloutFailure, RolloutPhase, RolloutState, FACT_NAMES, MAX_LABELS_PER_DEVICE,
-    MAX_LABEL_CHARS, MAX_ROLLOUT_ID_CHARS,
+    LabelError, PreviousSpec, PreviousSpecs, RolloutFailure, RolloutKind, RolloutPhase,
+    RolloutState, SpecDevices, WorkloadRollout, FACT_NAMES, MAX_LABELS_PER_DEVICE, MAX_LABEL_CHARS,
+    MAX_ROLLOUT_ID_CHARS,
 };
 pub use release::{Release, ReleaseArtifact, ReleaseArtifacts, ReleaseError};
 pub use seen::{

@@ -9,8 +9,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::release::Release;
+use super::workload::WorkloadSpec;
 use crate::time::Timestamp;
-use crate::validate::DeviceId;
+use crate::validate::{DeviceId, Sha256Hex, WorkloadName};
 
 /// Labels one device carries at most.
 pub const MAX_LABELS_PER_DEVICE: usize = 64;
@@ -188,16 +189,153 @@ pub struct BatchResult {
     pub ended_at: Timestamp,
 }
 
-/// `fleet-operator` `rollouts.<id>`: a staged rollout. The devices are
+/// What a device's document held for a workload before a workload
+/// rollout wrote it: what `rollout undo` writes back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PreviousSpec {
+    /// The device did not have the workload: undo removes it.
+    Absent,
+    /// This spec (kept once in [`PreviousSpecs::specs`]).
+    Spec(Sha256Hex),
+    /// A spec that did not validate: undo cannot put it back.
+    Invalid,
+}
+
+/// The devices that ran one previous spec, and the spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SpecDevices {
+    pub spec: WorkloadSpec,
+    pub devices: Vec<DeviceId>,
+}
+
+/// Each device's previous spec, grouped by spec so that a rollout over
+/// 10,000 devices that mostly ran the same spec keeps each device id once
+/// and each spec once (one `fleet-operator` value holds it all).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PreviousSpecs {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub absent: Vec<DeviceId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invalid: Vec<DeviceId>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub specs: BTreeMap<Sha256Hex, SpecDevices>,
+}
+
+impl PreviousSpecs {
+    /// Every recorded device with what it held.
+    pub fn by_device(&self) -> BTreeMap<DeviceId, PreviousSpec> {
+        let mut m = BTreeMap::new();
+        for d in &self.absent {
+            m.insert(d.clone(), PreviousSpec::Absent);
+        }
+        for d in &self.invalid {
+            m.insert(d.clone(), PreviousSpec::Invalid);
+        }
+        for (h, g) in &self.specs {
+            for d in &g.devices {
+                m.insert(d.clone(), PreviousSpec::Spec(h.clone()));
+            }
+        }
+        m
+    }
+
+    /// Records `device` (the caller checks it is not recorded yet);
+    /// `spec` is the spec of a [`PreviousSpec::Spec`].
+    pub fn record(
+        &mut self,
+        device: DeviceId,
+        previous: &PreviousSpec,
+        spec: Option<&WorkloadSpec>,
+    ) {
+        match (previous, spec) {
+            (PreviousSpec::Absent, _) => self.absent.push(device),
+            (PreviousSpec::Spec(h), Some(spec)) => self
+                .specs
+                .entry(h.clone())
+                .or_insert_with(|| SpecDevices {
+                    spec: spec.clone(),
+                    devices: Vec::new(),
+                })
+                .devices
+                .push(device),
+            (PreviousSpec::Invalid, _) | (PreviousSpec::Spec(_), None) => self.invalid.push(device),
+        }
+    }
+
+    pub fn spec(&self, h: &Sha256Hex) -> Option<&WorkloadSpec> {
+        self.specs.get(h).map(|g| &g.spec)
+    }
+
+    pub fn len(&self) -> usize {
+        self.absent.len()
+            + self.invalid.len()
+            + self.specs.values().map(|g| g.devices.len()).sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The target of a workload rollout: one workload's spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct WorkloadRollout {
+    pub workload: WorkloadName,
+    pub spec: WorkloadSpec,
+    pub spec_hash: Sha256Hex,
+    /// Each device's previous spec of the workload, recorded (in the state
+    /// written by compare-and-set) before its document is written.
+    #[serde(default)]
+    pub previous: PreviousSpecs,
+    /// When `rollout undo` last ran (it may run again: it is idempotent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undone_at: Option<Timestamp>,
+}
+
+/// What a rollout rolls out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutKind {
+    Agent,
+    Workload,
+}
+
+impl RolloutKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Agent => "agent",
+            Self::Workload => "workload",
+        }
+    }
+}
+
+impl fmt::Display for RolloutKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `fleet-operator` `rollouts.<id>`: a staged rollout, of an agent release
+/// (`release`) or of a workload's spec (`workload`, fleetctl 0.3 on;
+/// fleetctl 0.2 lists such a rollout as unreadable). The devices are
 /// fixed when it starts, in batch order; `batch-ends[i]` is the number of
 /// devices in batches `0..=i`. Each device's progress is not kept here: it
-/// is read from its intent (`fleet-control`) and its status
-/// (`fleet-status`), so a resumed rollout sees what was issued.
+/// is read from its intent (`fleet-control`) or its desired document
+/// (`fleet-workloads`) and its status (`fleet-status`), so a resumed
+/// rollout sees what was issued.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct RolloutState {
     pub id: String,
-    pub release: Release,
+    /// An agent rollout's release (every state fleetctl 0.2 wrote has one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<Release>,
+    /// A workload rollout's target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadRollout>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
     /// The batches as given (`1`, `5%`).
@@ -222,6 +360,27 @@ pub struct RolloutState {
 }
 
 impl RolloutState {
+    pub fn kind(&self) -> RolloutKind {
+        if self.workload.is_some() {
+            RolloutKind::Workload
+        } else {
+            RolloutKind::Agent
+        }
+    }
+
+    /// What it rolls out, in words: `agent 1.4.0`, `workload web spec 1a2b3c4d5e6f`.
+    pub fn target(&self) -> String {
+        match (&self.workload, &self.release) {
+            (Some(w), _) => format!(
+                "workload {} spec {}",
+                w.workload,
+                &w.spec_hash.as_str()[..12]
+            ),
+            (None, Some(r)) => format!("agent {}", r.version),
+            (None, None) => "nothing (neither release nor workload)".to_owned(),
+        }
+    }
+
     /// The devices of batch `i`.
     pub fn batch(&self, i: usize) -> &[DeviceId] {
         let end = self.batch_ends.get(i).map_or(0, |e| *e as usize);

@@ -335,6 +335,32 @@ mod tests {
                 &["status", "-l", "site", "--group-by", "site"][..],
                 &["group_by: Some(\"site\")"][..],
             ),
+            (
+                &[
+                    "workload",
+                    "rollout",
+                    "-l",
+                    "ring=a",
+                    "web",
+                    "web.json",
+                    "--batches",
+                    "1,100%",
+                    "--batch-timeout",
+                    "90s",
+                    "--dry-run",
+                ][..],
+                &[
+                    "workload: \"web\"",
+                    "Batches([\"1\", \"100%\"])",
+                    "success_threshold: 100",
+                    "batch_timeout: 90s",
+                    "dry_run: true",
+                ][..],
+            ),
+            (
+                &["rollout", "undo", "r-1a2b"][..],
+                &["Undo { id: \"r-1a2b\" }"][..],
+            ),
         ] {
             let got = p(a).unwrap_or_else(|e| panic!("{a:?}: {e}"));
             for h in has {
@@ -377,6 +403,12 @@ mod tests {
             (&["workload", "ls", "-l", "a", "--dry-run"][..], "unexpected argument '--dry-run' found"),
             (&["workload", "apply", "d", "w", "s", "--dry-run"][..], "required arguments were not provided:\n  --selector <SELECTOR>"),
             (&["workload", "ls", "-l", "a", "dev1"][..], "cannot be used with"),
+            (&["workload", "rollout", "web", "w.json"][..], "required arguments were not provided:\n  --batches <LIST>"),
+            (
+                &["workload", "rollout", "web", "w.json", "--batches", "100%", "--group-by", "site"][..],
+                "required arguments were not provided:\n  --max-unavailable <N>",
+            ),
+            (&["rollout", "undo", "R.1"][..], "\"R.1\" is not a rollout id"),
             (&["rollout", "status", "R.1"][..], "\"R.1\" is not a rollout id (as printed when it started, e.g. r-1a2b3c4d; fleetctl rollout ls)"),
             (&["status", "--group-by", "a b"][..], "\"a b\" is not a label key"),
             (&["device", "pending", "--help"][..], "unrecognized subcommand 'pending'"),
@@ -429,6 +461,8 @@ mod tests {
             &["nats-config", "--help"][..],
             &["artifact", "push", "--help"][..],
             &["rollout", "status", "-h"][..],
+            &["workload", "rollout", "--help"][..],
+            &["rollout", "undo", "--help"][..],
         ] {
             let e = parse(a.iter().copied()).expect_err("help is an early exit");
             assert_eq!(e.exit_code(), 0, "{a:?}");

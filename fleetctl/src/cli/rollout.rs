@@ -10,6 +10,7 @@ use super::{parse_label_key, Failure, Output, Select};
 use crate::connect::{ConnFlags, Reconnect};
 use crate::rollout;
 use crate::staged::{self, parse_batches, parse_duration, parse_percent, Display, Policy};
+use crate::workload_rollout;
 use fleet_common::contracts::{is_rollout_id, RolloutPhase};
 
 /// The release file's form, for the help of upgrade and rollout.
@@ -27,6 +28,7 @@ pub const RELEASE_HELP: &str = "RELEASE.json:
            [--success-threshold 95%] [--batch-timeout 30m]
            [--max-unavailable N [--group-by LABEL]] [--json]
        fleetctl rollout status|resume|abort ID [--json]
+       fleetctl rollout undo ID
        fleetctl rollout ls",
     long_about = "Roll a release out over the fleet.
 
@@ -112,19 +114,26 @@ enum RolloutCommand {
         #[arg(value_parser = parse_rollout_id)]
         id: String,
     },
-    /// The staged rollouts
+    /// The staged rollouts (agent and workload)
     Ls,
+    /// Put back, by compare-and-set, the spec each device of a workload
+    /// rollout had before it (for every device still holding the
+    /// rollout's spec); a running rollout is aborted first
+    Undo {
+        #[arg(value_parser = parse_rollout_id)]
+        id: String,
+    },
 }
 
 /// `--batches`, validated.
 #[derive(Debug, Clone)]
-struct Batches(Vec<String>);
+pub struct Batches(pub Vec<String>);
 
-fn parse_batches_arg(s: &str) -> Result<Batches, String> {
+pub fn parse_batches_arg(s: &str) -> Result<Batches, String> {
     parse_batches(s).map(Batches)
 }
 
-fn parse_max_unavailable(n: &str) -> Result<u32, String> {
+pub fn parse_max_unavailable(n: &str) -> Result<u32, String> {
     n.parse::<u32>()
         .ok()
         .filter(|n| *n >= 1)
@@ -158,7 +167,7 @@ pub fn rollout_output(r: rollout::Rollout) -> Output {
 }
 
 /// The exit code of a staged rollout: 8 halted, 9 aborted.
-fn staged_output(e: staged::Ended) -> Output {
+pub fn staged_output(e: staged::Ended) -> Output {
     Output {
         stdout: String::new(),
         stderr: String::new(),
@@ -183,6 +192,14 @@ impl Rollout {
             }
             Some(RolloutCommand::Abort { id }) => Output::text(staged::abort(&c, &id)?),
             Some(RolloutCommand::Ls) => Output::text(staged::ls(&c)?),
+            Some(RolloutCommand::Undo { id }) => {
+                let u = workload_rollout::undo(&c, &id)?;
+                Output {
+                    stdout: u.lines,
+                    stderr: u.summary,
+                    code: if u.failed > 0 { 5 } else { 0 },
+                }
+            }
             None => {
                 // clap requires --release without a subcommand.
                 let release = s.release.unwrap_or_default();

@@ -2,13 +2,17 @@
 //! those of every device a selector matches.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
-use super::{Failure, Output, Select};
+use super::rollout::{parse_batches_arg, parse_max_unavailable, staged_output, Batches};
+use super::{parse_label_key, Failure, Output, Select};
 use crate::connect::{ConnFlags, Reconnect};
 use crate::group::{self, GroupOutcome};
+use crate::staged::{parse_duration, parse_percent, Display, Policy};
 use crate::workload;
+use crate::workload_rollout;
 
 /// A device's desired workloads (or every selected device's)
 #[derive(Debug, Args)]
@@ -22,6 +26,7 @@ pub struct Workload {
 #[derive(Debug, Subcommand)]
 enum WorkloadCommand {
     Apply(Apply),
+    Rollout(RolloutArgs),
     Rm(Rm),
     Ls(Ls),
 }
@@ -42,6 +47,56 @@ struct Apply {
     /// -l); SPEC.json - reads the spec from stdin
     #[arg(value_name = "ARGS", num_args = 1.., required = true)]
     args: Vec<String>,
+}
+
+/// Roll a workload's spec out in batches, gated by the devices' health
+#[derive(Debug, Args)]
+#[command(
+    override_usage = "fleetctl workload rollout [-l SELECTOR] WORKLOAD SPEC.json --batches 1,25%,100%
+           [--success-threshold 100%] [--batch-timeout 30m]
+           [--max-unavailable N [--group-by LABEL]] [--json] [--dry-run]",
+    long_about = "Roll a workload's spec out over the devices (of SELECTOR), batch by batch.
+
+The spec is validated first: a spec that fails is refused and nothing is \
+written. Devices whose agent is older than a field of the spec needs \
+(health, update-strategy: agent 0.3.0) are left out and say so. Each \
+device's desired document is written by compare-and-set. A device \
+succeeds once it reports the workload healthy on the new spec; it fails \
+when it reports the spec reverted, unhealthy or invalid, or at the batch \
+timeout. Below --success-threshold the rollout halts and writes nothing \
+more. The state lives in NATS: fleetctl rollout status|resume|abort|ls \
+ID work as for agent rollouts, and fleetctl rollout undo ID writes back \
+each device's previous spec. Exit codes: 0 complete, 8 halted, 9 aborted."
+)]
+struct RolloutArgs {
+    #[command(flatten)]
+    select: Select,
+    /// The workload
+    workload: String,
+    /// The new spec (- reads it from stdin)
+    spec: PathBuf,
+    /// Each entry the number or percentage of the devices reached by the
+    /// end of its batch, the last 100%
+    #[arg(long, value_name = "LIST", value_parser = parse_batches_arg, required = true)]
+    batches: Batches,
+    /// The success rate a batch needs for the next to start
+    #[arg(long, value_name = "PERCENT", default_value = "100%", value_parser = parse_percent)]
+    success_threshold: u8,
+    /// A batch ends after this long at the latest (90s, 30m, 2h)
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
+    batch_timeout: Duration,
+    /// Never more than N devices changing or without a fresh heartbeat at once
+    #[arg(long, value_name = "N", value_parser = parse_max_unavailable)]
+    max_unavailable: Option<u32>,
+    /// Count --max-unavailable per value of this label
+    #[arg(long, value_name = "LABEL", value_parser = parse_label_key, requires = "max_unavailable")]
+    group_by: Option<String>,
+    /// Events as JSON lines
+    #[arg(long)]
+    json: bool,
+    /// Print the batches and the devices left out; write nothing
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// Delete a workload from a device, or from every device SELECTOR matches
@@ -122,6 +177,25 @@ impl Workload {
                         a.dry_run,
                     )?)),
                 }
+            }
+            WorkloadCommand::Rollout(r) => {
+                let target = workload_rollout::read_target(&r.workload, &r.spec)?;
+                let c = self.conn.connect(Reconnect::Once)?;
+                let policy = Policy {
+                    batches: r.batches.0,
+                    success_threshold_pct: r.success_threshold,
+                    batch_timeout: r.batch_timeout,
+                    max_unavailable: r.max_unavailable,
+                    group_by: r.group_by,
+                };
+                Ok(staged_output(workload_rollout::start(
+                    &c,
+                    target,
+                    r.select.selector.as_ref(),
+                    &policy,
+                    Display::pick(r.json),
+                    r.dry_run,
+                )?))
             }
             WorkloadCommand::Rm(r) => {
                 let (device, rest) = split("rm", &r.select, &r.args, "WORKLOAD")?;

@@ -466,7 +466,11 @@ fn rollouts(o: &mut Out, view: &View) {
         for p in PHASES {
             o.sample(
                 "rollout_phase",
-                &[("rollout", &r.id), ("kind", "agent"), ("phase", p.as_str())],
+                &[
+                    ("rollout", &r.id),
+                    ("kind", r.kind().as_str()),
+                    ("phase", p.as_str()),
+                ],
                 &[],
                 f64::from(u8::from(r.phase == p)),
             );
@@ -480,7 +484,7 @@ fn rollouts(o: &mut Out, view: &View) {
         for r in &view.rollouts {
             o.sample(
                 name,
-                &[("rollout", &r.id), ("kind", "agent")],
+                &[("rollout", &r.id), ("kind", r.kind().as_str())],
                 &[],
                 f(r) as f64,
             );
