@@ -105,10 +105,12 @@ fn fleetctl_completes_the_commands_its_help_names() {
         set(&["workload"])
     );
     for (group, subcommands) in [
-        ("workload", &["apply", "rm", "delete", "ls"][..]),
+        ("workload", &["apply", "rm", "delete", "ls", "rollout"][..]),
         ("device", &["status", "label", "ls"][..]),
         ("buckets", &["create"][..]),
-        ("rollout", &["status", "resume", "abort", "ls"][..]),
+        ("rollout", &["status", "resume", "abort", "ls", "undo"][..]),
+        ("presence", &["record"][..]),
+        ("metrics", &["serve"][..]),
     ] {
         let offered = complete(dir.path(), &["fleetctl", group, ""]);
         let group_help = run(Command::new(&fleetctl).args([group, "--help"]));
