@@ -53,7 +53,7 @@ pub fn apply(
             .view
             .info
             .as_ref()
-            .and_then(|i| crate::workload_rollout::too_old(&spec, &i.agent_version))
+            .and_then(|i| crate::workload::too_old(&spec, &i.agent_version))
         {
             refused += 1;
             let _ = writeln!(lines, "{id}: refused: {why}");

@@ -34,6 +34,7 @@ mod nats_config;
 mod presence;
 mod recorder;
 mod rollout;
+mod rollout_run;
 mod selector;
 mod staged;
 mod status;

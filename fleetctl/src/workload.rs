@@ -41,6 +41,15 @@ fn ids(device: &str, workload: &str) -> Result<(DeviceId, WorkloadName), CtlErro
     Ok((d, w))
 }
 
+/// Why `spec` cannot go to an agent of `version`, if it cannot.
+pub fn too_old(spec: &WorkloadSpec, version: &fleet_common::validate::Version) -> Option<String> {
+    spec.needs_agent(version).err().map(|(field, since)| {
+        format!(
+            "agent {version} does not read the spec's `{field}` (it needs agent {since} or later): upgrade the device first"
+        )
+    })
+}
+
 /// Reads and validates the spec in `file` (`-`: stdin).
 pub fn read_spec(file: &Path) -> Result<WorkloadSpec, CtlError> {
     let bytes = if file == Path::new("-") {
@@ -77,7 +86,7 @@ pub fn apply(
         if let Some(why) = views
             .get(&d)
             .and_then(|v| v.info.as_ref())
-            .and_then(|i| crate::workload_rollout::too_old(&spec, &i.agent_version))
+            .and_then(|i| too_old(&spec, &i.agent_version))
         {
             return Err(CtlError::Refused(format!(
                 "device {d}: {why}; nothing written"

@@ -43,20 +43,11 @@ use crate::error::CtlError;
 use crate::js::{self, CasOutcome, CasWrite};
 use crate::labels::{self, Device};
 use crate::selector::Selector;
-use crate::staged::{self, Class, Display, Ended, Judge, Policy, SpecWrite, Write};
-use crate::workload::{legacy_store, read_spec, Document};
+use crate::staged::{self, Class, Judge, Policy, SpecWrite, Write};
+use crate::workload::{legacy_store, read_spec, too_old, Document};
 
 fn short(h: &Sha256Hex) -> &str {
     &h.as_str()[..12]
-}
-
-/// Why `spec` cannot go to an agent of `version`, if it cannot.
-pub fn too_old(spec: &WorkloadSpec, version: &fleet_common::validate::Version) -> Option<String> {
-    spec.needs_agent(version).err().map(|(field, since)| {
-        format!(
-            "agent {version} does not read the spec's `{field}` (it needs agent {since} or later): upgrade the device first"
-        )
-    })
 }
 
 /// What the devices say about workloads, read once per tick: every
@@ -356,14 +347,24 @@ pub fn read_target(workload: &str, file: &Path) -> Result<(WorkloadName, Workloa
     Ok((name, read_spec(file)?))
 }
 
-pub fn start(
+/// What [`plan`] prepared: a dry run (printed, nothing written), or a new
+/// rollout for [`crate::rollout_run::launch`] to write and drive.
+pub enum Planned {
+    DryRun,
+    Launch {
+        state: Box<fleet_common::contracts::RolloutState>,
+        left_out: Vec<String>,
+        selected: usize,
+    },
+}
+
+pub fn plan(
     conn: &nats::Connection,
     (name, spec): (WorkloadName, WorkloadSpec),
     selector: Option<&Selector>,
     policy: &Policy,
-    display: Display,
     dry_run: bool,
-) -> Result<Ended, CtlError> {
+) -> Result<Planned, CtlError> {
     let target = WorkloadRollout {
         workload: name,
         spec_hash: spec.spec_hash(),
@@ -408,9 +409,13 @@ pub fn start(
         for l in &left_out {
             println!("{l}");
         }
-        return Ok(Ended(RolloutPhase::Complete));
+        return Ok(Planned::DryRun);
     }
-    staged::launch(conn, state, &left_out, devices.len(), display)
+    Ok(Planned::Launch {
+        state: Box::new(state),
+        left_out,
+        selected: devices.len(),
+    })
 }
 
 /// What `rollout undo` did.

@@ -185,10 +185,10 @@ impl Rollout {
         let s = self.start;
         Ok(match self.command {
             Some(RolloutCommand::Status { id, json }) => {
-                Output::text(staged::status(&c, &id, json)?)
+                Output::text(crate::rollout_run::status(&c, &id, json)?)
             }
             Some(RolloutCommand::Resume { id, json }) => {
-                staged_output(staged::resume(&c, &id, Display::pick(json))?)
+                staged_output(crate::rollout_run::resume(&c, &id, Display::pick(json))?)
             }
             Some(RolloutCommand::Abort { id }) => Output::text(staged::abort(&c, &id)?),
             Some(RolloutCommand::Ls) => Output::text(staged::ls(&c)?),
@@ -218,7 +218,7 @@ impl Rollout {
                             max_unavailable: s.max_unavailable,
                             group_by: s.group_by,
                         };
-                        staged_output(staged::start(
+                        staged_output(crate::rollout_run::start(
                             &c,
                             &release,
                             s.select.selector.as_ref(),

@@ -188,14 +188,24 @@ impl Workload {
                     max_unavailable: r.max_unavailable,
                     group_by: r.group_by,
                 };
-                Ok(staged_output(workload_rollout::start(
+                let display = Display::pick(r.json);
+                let ended = match workload_rollout::plan(
                     &c,
                     target,
                     r.select.selector.as_ref(),
                     &policy,
-                    Display::pick(r.json),
                     r.dry_run,
-                )?))
+                )? {
+                    workload_rollout::Planned::DryRun => {
+                        crate::staged::Ended(fleet_common::contracts::RolloutPhase::Complete)
+                    }
+                    workload_rollout::Planned::Launch {
+                        state,
+                        left_out,
+                        selected,
+                    } => crate::rollout_run::launch(&c, *state, &left_out, selected, display)?,
+                };
+                Ok(staged_output(ended))
             }
             WorkloadCommand::Rm(r) => {
                 let (device, rest) = split("rm", &r.select, &r.args, "WORKLOAD")?;
