@@ -56,7 +56,6 @@ impl Read {
 /// each was last there), from one read: the function a metrics exporter
 /// calls. `Err`: the connection to NATS failed; `Ok(None)`: the cluster
 /// gives no presence.
-#[allow(dead_code)] // the entry point of the metrics exporter (not a fleetctl command)
 pub fn connections(
     conn: &nats::Connection,
     devices: &[(DeviceId, Option<Timestamp>)],

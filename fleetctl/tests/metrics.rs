@@ -13,8 +13,8 @@ use fleet_common::subjects::{inbox_prefix, kv_subject};
 use fleet_common::validate::{Arch, BoundedText, DeviceId, Version};
 use fleet_common::Timestamp;
 use fleet_harness::{
-    device_password, poll_until, promtool_ok, workspace_root, Alertmanager, ChildGuard, NatsServer,
-    NatsVersion, Prometheus, WebhookReceiver, NATS_ADMIN_PASSWORD,
+    bin_path, device_password, poll_until, promtool_ok, workspace_root, Alertmanager, ChildGuard,
+    NatsServer, NatsVersion, Prometheus, WebhookReceiver, NATS_ADMIN_PASSWORD,
 };
 use rustix::process::Signal;
 use tempfile::TempDir;
@@ -118,6 +118,9 @@ struct Fleet {
     server: NatsServer,
     _dir: TempDir,
     pw: PathBuf,
+    /// A connection held open as each simulated device: the cluster's
+    /// presence finds it connected, as it would a real one.
+    present: std::sync::Mutex<Vec<nats::Connection>>,
 }
 
 impl Fleet {
@@ -130,6 +133,7 @@ impl Fleet {
             server,
             _dir: dir,
             pw,
+            present: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -224,6 +228,10 @@ impl Fleet {
         };
         self.status(id, "info", &serde_json::to_vec(&info).expect("json"));
         self.status(id, "heartbeat", &serde_json::to_vec(&hb).expect("json"));
+        self.present
+            .lock()
+            .expect("lock")
+            .push(self.server.device(id));
     }
 
     /// `device`'s info and heartbeat, written by the admin without an ack
@@ -343,16 +351,21 @@ fn a_scrape_passes_promtool_counts_unreadable_values_and_says_when_its_view_is_s
     });
 }
 
-/// A real agent of device `id` (Podman off): the released 0.2.0, which
-/// writes its heartbeat at its interval (here every second), so that the
-/// exporter's heartbeat rule for it (stale past 90 s) is what a frozen
-/// agent crosses. Agents from 0.3.0 write an hourly keep-alive and are
-/// judged stale only past 4,050 s by that rule.
-fn agent(f: &Fleet, id: &str, dir: &Path) -> ChildGuard {
+/// A real agent of device `id` (Podman off). `released`: the released
+/// 0.2.0, which writes its heartbeat at its interval (here every second),
+/// so that the exporter's heartbeat rule for it (stale past 90 s) is what
+/// a frozen agent crosses; otherwise this build's agent (keep-alive every
+/// second too).
+fn agent(f: &Fleet, id: &str, dir: &Path, released: bool) -> ChildGuard {
     let root = dir.join(id);
     std::fs::create_dir_all(&root).expect("mkdir");
     let pw = root.join("nats-password");
     std::fs::write(&pw, format!("{}\n", device_password(id))).expect("write");
+    let intervals = if released {
+        serde_json::json!({"heartbeat-secs": 1, "resync-secs": 2})
+    } else {
+        serde_json::json!({"heartbeat-secs": 1, "keepalive-secs": 1, "resync-secs": 2})
+    };
     let config = serde_json::json!({
         "device-id": id,
         "nats": {
@@ -360,12 +373,16 @@ fn agent(f: &Fleet, id: &str, dir: &Path) -> ChildGuard {
             "auth": {"method": "user-password", "user": id, "password-file": pw},
         },
         "podman": {"enabled": false},
-        "intervals": {"heartbeat-secs": 1, "resync-secs": 2},
+        "intervals": intervals,
         "root": root,
     });
     let path = root.join("agent.json");
     std::fs::write(&path, config.to_string()).expect("write");
-    let binary = fleet_harness::test_agent_path(fleet_harness::RELEASED_AGENT_0_2_VERSION);
+    let binary = if released {
+        fleet_harness::test_agent_path(fleet_harness::RELEASED_AGENT_0_2_VERSION)
+    } else {
+        bin_path("fleet-agent")
+    };
     assert!(
         binary.is_file(),
         "{} is missing: run `make test-agents`",
@@ -381,13 +398,15 @@ fn agent(f: &Fleet, id: &str, dir: &Path) -> ChildGuard {
 #[test]
 fn rollback_failed_and_offline_devices_fire_their_alerts_through_prometheus_and_alertmanager() {
     let started = Instant::now();
-    let f = Fleet::start(&["dev1", "dev2", "dev3"]);
+    let f = Fleet::start(&["dev1", "dev2", "dev3", "dev4"]);
     let work = tempfile::tempdir().expect("tempdir");
     f.device("dev1", "0.3.0", false);
     f.device("dev2", "0.3.0", false);
     f.label("dev1", "site=berlin");
     f.label("dev3", "site=oslo");
-    let real = agent(&f, "dev3", work.path());
+    f.label("dev4", "site=lyon");
+    let real = agent(&f, "dev3", work.path(), true);
+    let current = agent(&f, "dev4", work.path(), false);
     // Short bounds: a device not seen for a second past the stale bound.
     let (_exporter, addr) = f.exporter(&["--group-by", "site", "--offline-after", "1s"]);
     let hook = WebhookReceiver::start();
@@ -438,6 +457,29 @@ fn rollback_failed_and_offline_devices_fire_their_alerts_through_prometheus_and_
         "rollback-failed alert delivered after {:.1} s",
         started.elapsed().as_secs_f64()
     );
+
+    // This build's agent (an hourly keep-alive: its heartbeat says nothing
+    // for an hour) killed: the cluster's presence says at once that it is
+    // connected nowhere, and the offline alert follows on the exporter's
+    // next presence read.
+    poll_until("Prometheus seeing this build's agent online", ALERT, || {
+        let v = prom.api(
+            "query?query=sum(harmony_fleet_devices{connection=%22online%22,label_site=%22lyon%22})",
+        )?;
+        (v["data"]["result"][0]["value"][1] == "1").then_some(())
+    });
+    current.signal(Signal::KILL);
+    let killed = Instant::now();
+    let alert = poll_until("the offline alert of the killed agent", ALERT, || {
+        hook.firing()
+            .into_iter()
+            .find(|(name, l)| name == "HarmonyFleetDeviceOffline" && l["device"] == "dev4")
+    });
+    eprintln!(
+        "offline alert of a killed 0.3 agent delivered {:.1} s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
+    assert_eq!(alert.1["label_site"], "lyon", "{alert:?}");
 
     // The real agent frozen in place: its connection stays open (no FIN),
     // its heartbeats stop; past the stale bound the offline alert fires.

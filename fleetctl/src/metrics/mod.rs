@@ -35,7 +35,7 @@ use crate::js::{self, Follow, Followed, KvEntry};
 
 pub use render::Bounds;
 use render::ViewStatus;
-use view::View;
+use view::{Presence, View};
 
 /// How often the rollouts are listed again.
 const ROLLOUT_PERIOD: Duration = Duration::from_secs(10);
@@ -51,6 +51,10 @@ const RETRY_DELAY: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Connection {
     Online,
+    /// The cluster's presence: connected to no server.
+    Offline,
+    /// Connected (or no presence) but its heartbeat is older than its
+    /// agent's bound.
     Stale,
     /// Its last heartbeat said the agent was stopping.
     Stopped,
@@ -62,6 +66,7 @@ impl Connection {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Online => "online",
+            Self::Offline => "offline",
             Self::Stale => "stale",
             Self::Stopped => "stopped",
             Self::Unknown => "unknown",
@@ -69,22 +74,32 @@ impl Connection {
     }
 }
 
-/// The exporter's one judgement of whether a device is connected: the
-/// heartbeat rule of fleetctl, by agent version (`stale_after`, from
+/// The exporter's one judgement of whether a device is connected. The
+/// cluster's presence first, when it gives one (docs/design/presence.md):
+/// not connected anywhere is `offline`, a server that did not answer
+/// leaves `unknown`. Connected, or without presence, the heartbeat rule
+/// of fleetctl by agent version (`stale_after`, from
 /// [`crate::fleet::stale_after`]: 90 s before 0.3.0, the hourly
-/// keep-alive's bound since). Every series that depends on it calls this
-/// function and nothing else, so the cluster's presence
-/// (docs/design/presence.md) replaces it here alone.
+/// keep-alive's bound since) still says `stopped` (its last heartbeat
+/// was its run's last) and `stale` (connected but silent: a frozen
+/// process, a wedged agent). Every series that depends on the
+/// connection calls this function and nothing else.
 pub fn connection_state(
     heartbeat: Option<(Timestamp, bool)>,
     stale_after: Duration,
+    presence: Option<Presence>,
     now: Timestamp,
 ) -> Connection {
-    match heartbeat {
-        None => Connection::Unknown,
-        Some((_, true)) => Connection::Stopped,
-        Some((at, false)) if now.since(at) > stale_after => Connection::Stale,
-        Some(_) => Connection::Online,
+    match (presence, heartbeat) {
+        (Some(Presence::Offline { .. }), _) => Connection::Offline,
+        (Some(Presence::Unknown), None) | (None, None) => Connection::Unknown,
+        (Some(Presence::Online), None) => Connection::Online,
+        (Some(Presence::Unknown), Some((at, false))) if now.since(at) > stale_after => {
+            Connection::Unknown
+        }
+        (_, Some((_, true))) => Connection::Stopped,
+        (_, Some((at, false))) if now.since(at) > stale_after => Connection::Stale,
+        (_, Some(_)) => Connection::Online,
     }
 }
 
@@ -296,6 +311,19 @@ fn follow(conn: &nats::Connection, shared: &Shared) {
                     s.rollouts_live = false;
                 }
             }
+            // Presence on the same period: one paged read of every
+            // server (fleetctl/src/presence.rs), outside the lock.
+            let query = s.view.presence_query();
+            drop(s);
+            let read = crate::presence::connections(conn, &query);
+            let mut s = lock(shared);
+            match read {
+                Ok(p) => s.view.set_presence(p.as_ref()),
+                Err(e) => {
+                    log::warn!("metrics: reading presence: {e}");
+                    s.view.set_presence(None);
+                }
+            }
         }
         if !status_ok || !labels_ok {
             std::thread::sleep(RETRY_DELAY);
@@ -318,24 +346,68 @@ mod tests {
             ))
         };
         assert_eq!(
-            connection_state(None, STALE_HEARTBEAT, now),
+            connection_state(None, STALE_HEARTBEAT, None, now),
             Connection::Unknown
         );
         assert_eq!(
-            connection_state(at(Duration::from_secs(5)), STALE_HEARTBEAT, now),
+            connection_state(at(Duration::from_secs(5)), STALE_HEARTBEAT, None, now),
             Connection::Online
         );
         assert_eq!(
             connection_state(
                 at(STALE_HEARTBEAT + Duration::from_secs(1)),
                 STALE_HEARTBEAT,
+                None,
                 now
             ),
             Connection::Stale
         );
         assert_eq!(
-            connection_state(Some((now, true)), STALE_HEARTBEAT, now),
+            connection_state(Some((now, true)), STALE_HEARTBEAT, None, now),
             Connection::Stopped
+        );
+    }
+
+    #[test]
+    fn the_clusters_presence_comes_first_and_the_heartbeat_rule_after() {
+        let now = Timestamp::from_unix_millis(1_000_000_000);
+        let fresh = Some((now, false));
+        let old = Some((Timestamp::from_unix_millis(1_000), false));
+        let offline = Some(Presence::Offline { last_seen: None });
+        // Connected nowhere: offline, however fresh its last heartbeat.
+        assert_eq!(
+            connection_state(fresh, STALE_HEARTBEAT, offline, now),
+            Connection::Offline
+        );
+        assert_eq!(
+            connection_state(None, STALE_HEARTBEAT, offline, now),
+            Connection::Offline
+        );
+        // Connected: online, unless its heartbeat is past its bound (a
+        // frozen process keeps its connection) or said stopping.
+        let online = Some(Presence::Online);
+        assert_eq!(
+            connection_state(fresh, STALE_HEARTBEAT, online, now),
+            Connection::Online
+        );
+        assert_eq!(
+            connection_state(None, STALE_HEARTBEAT, online, now),
+            Connection::Online
+        );
+        assert_eq!(
+            connection_state(old, STALE_HEARTBEAT, online, now),
+            Connection::Stale
+        );
+        // A server did not answer: unknown, never offline; a fresh
+        // heartbeat still says online.
+        let unknown = Some(Presence::Unknown);
+        assert_eq!(
+            connection_state(old, STALE_HEARTBEAT, unknown, now),
+            Connection::Unknown
+        );
+        assert_eq!(
+            connection_state(fresh, STALE_HEARTBEAT, unknown, now),
+            Connection::Online
         );
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use fleet_common::contracts::{RolloutPhase, UpgradePhase, UpgradeReason};
 use fleet_common::Timestamp;
 
+use super::view::Presence;
 use super::view::{DeviceState, Upgrade, View};
 use super::{connection_state, Connection};
 
@@ -151,7 +152,7 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
         let d: &DeviceState = d;
         let id = id.as_str();
         let g = d.groups.as_slice();
-        let conn = connection_state(d.heartbeat, d.stale_after, now);
+        let conn = connection_state(d.heartbeat, d.stale_after, d.presence, now);
         bump(
             &mut devices,
             [
@@ -163,7 +164,13 @@ pub fn render(view: &View, status: ViewStatus, bounds: Bounds, now: Timestamp) -
             g,
             1,
         );
-        if let (Connection::Stale | Connection::Stopped, Some((at, _))) = (conn, d.heartbeat) {
+        let last_seen = match d.presence {
+            Some(Presence::Offline { last_seen: Some(t) }) => Some(t),
+            _ => d.heartbeat.map(|(at, _)| at),
+        };
+        if let (Connection::Offline | Connection::Stale | Connection::Stopped, Some(at)) =
+            (conn, last_seen)
+        {
             let since = now.since(at);
             if since > bounds.offline_after {
                 offline.push((id, since, g));

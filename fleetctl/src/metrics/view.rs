@@ -13,7 +13,9 @@ use fleet_common::contracts::{
     DeviceInfo, DeviceLabels, HealthReport, Heartbeat, RolloutState, TrafficReport, UpgradePhase,
     UpgradeReason, UpgradeReport, WorkloadsReport,
 };
+use fleet_common::presence::Connection;
 use fleet_common::subjects::{StatusKey, LABELS_PREFIX};
+use fleet_common::validate::DeviceId;
 use fleet_common::Timestamp;
 
 use crate::js::KvEntry;
@@ -37,6 +39,18 @@ pub struct WorkloadHealth {
     pub reverted: bool,
 }
 
+/// A device's connection as the cluster's presence last said it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    Online,
+    /// Every server answered and none has it: since when, at best.
+    Offline {
+        last_seen: Option<Timestamp>,
+    },
+    /// A server did not answer completely: it may be there.
+    Unknown,
+}
+
 /// One device, as far as the series need it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeviceState {
@@ -50,6 +64,9 @@ pub struct DeviceState {
     /// How old that heartbeat may be for its agent's version
     /// ([`crate::fleet::stale_after`]).
     pub stale_after: std::time::Duration,
+    /// What the cluster says of its connection, when it gives presence
+    /// (docs/design/presence.md).
+    pub presence: Option<Presence>,
     pub upgrade: Option<Upgrade>,
     /// Workload name to its observed state.
     pub workloads: BTreeMap<String, &'static str>,
@@ -96,6 +113,34 @@ fn kind(key: StatusKey) -> &'static str {
 }
 
 impl View {
+    /// The devices known and the best time each was last there (its last
+    /// heartbeat), for a presence read.
+    pub fn presence_query(&self) -> Vec<(DeviceId, Option<Timestamp>)> {
+        self.devices
+            .iter()
+            .filter_map(|(id, d)| Some((DeviceId::parse(id).ok()?, d.heartbeat.map(|(at, _)| at))))
+            .collect()
+    }
+
+    /// Sets what the cluster says of each device's connection (`None`:
+    /// it gives no presence, or could not be asked: the heartbeat rule
+    /// alone judges).
+    pub fn set_presence(&mut self, read: Option<&BTreeMap<DeviceId, Connection>>) {
+        for (id, d) in &mut self.devices {
+            d.presence = read.and_then(|m| {
+                let c = m.get(&DeviceId::parse(id).ok()?)?;
+                Some(match c {
+                    Connection::Online(_) => Presence::Online,
+                    Connection::Offline { last_seen } => Presence::Offline {
+                        last_seen: Some(*last_seen),
+                    },
+                    Connection::NeverSeen => Presence::Offline { last_seen: None },
+                    Connection::Unknown { .. } => Presence::Unknown,
+                })
+            });
+        }
+    }
+
     pub fn new(group_by: Vec<String>) -> Self {
         Self {
             group_by,
