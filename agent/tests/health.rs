@@ -484,7 +484,7 @@ fn a_revert_survives_an_agent_sigkill_in_the_middle() {
     });
     agent.kill();
     for c in containers(&podman) {
-        podman.run(&["rm", "-f", "-t", "0", &c.id]);
+        podman.remove_container(&c.id);
     }
     let _agent = run_agent(&dev, &podman);
     wait_running(&podman, "fleet-web", "v1 created after the restart", |c| {

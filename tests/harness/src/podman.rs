@@ -157,6 +157,36 @@ impl Podman {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Removes container `id` by hand, as a person would (`rm -f -t 0`),
+    /// until it is gone. Podman 4.3 refuses the removal of a container
+    /// caught between its process's exit and its cleanup ("container
+    /// state improper"): asked again, it succeeds.
+    pub fn remove_container(&self, id: &str) {
+        let deadline = std::time::Instant::now() + PODMAN_TIMEOUT;
+        loop {
+            let mut cmd = self.command();
+            cmd.args(["rm", "-f", "-t", "0", id]);
+            let out = run_bounded(&mut cmd, PODMAN_TIMEOUT, MAX_PODMAN_OUTPUT)
+                .unwrap_or_else(|e| panic!("podman rm -f {id}: {e}"));
+            if out.success() {
+                return;
+            }
+            let mut exists = self.command();
+            exists.args(["container", "exists", id]);
+            let gone = run_bounded(&mut exists, PODMAN_TIMEOUT, MAX_PODMAN_OUTPUT)
+                .is_ok_and(|e| e.status.code() == Some(1));
+            if gone {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "podman rm -f {id} kept failing:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// `podman ps -a --format json`: every container of this instance.
     pub fn ps_all(&self) -> Vec<serde_json::Value> {
         let out = self.run(&["ps", "-a", "--format", "json"]);
