@@ -31,7 +31,17 @@ struct Fleet {
 
 impl Fleet {
     fn start(v: NatsVersion) -> Fleet {
-        let server = NatsServer::start_fleet(v, &[]);
+        Self::on(NatsServer::start_fleet(v, &[]))
+    }
+
+    /// On a server config without the cluster's presence: the status
+    /// table's connection column then says `-` (presence itself is tested
+    /// in agent/tests/presence.rs).
+    fn start_without_presence(v: NatsVersion) -> Fleet {
+        Self::on(NatsServer::start_fleet_without_presence(v, &[]))
+    }
+
+    fn on(server: NatsServer) -> Fleet {
         let admin = server.admin();
         let dir = tempfile::tempdir().expect("tempdir");
         let pw = dir.path().join("admin-pw");
@@ -430,7 +440,7 @@ fn racing_operators_write_exactly_one_attempt() {
 
 #[test]
 fn status_shows_the_fleet_and_watch_follows_it() {
-    let f = Fleet::start(NatsVersion::V2_14);
+    let f = Fleet::start_without_presence(NatsVersion::V2_14);
     let (code, out, _) = f.run(&["status"]);
     assert_eq!((code, out.as_str()), (0, "no device has reported yet\n"));
     f.info("dev1", "1.0", Arch::X86_64, false);
@@ -450,9 +460,9 @@ fn status_shows_the_fleet_and_watch_follows_it() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out,
-        "DEVICE  AGENT  CONFIG        HEARTBEAT  UPGRADE                   WORKLOADS\n\
-         dev1    1.0    configured    -          preparing (accepted) 2.0  1/2\n\
-         dev2    2.0    changefreeze  -          -                         -\n"
+        "DEVICE  CONNECTION  AGENT  CONFIG        HEARTBEAT  UPGRADE                   WORKLOADS\n\
+         dev1    -           1.0    configured    -          preparing (accepted) 2.0  1/2\n\
+         dev2    -           2.0    changefreeze  -          -                         -\n"
     );
     let (code, out, _) = f.run(&["status", "--json"]);
     assert_eq!(code, 0);
