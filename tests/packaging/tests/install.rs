@@ -59,6 +59,14 @@ fn install_honours_destdir_and_prefix_and_uninstall_takes_it_back() {
             "/opt/fleet/share/bash-completion/completions/fleetctl",
             0o644,
         ),
+        (
+            "/opt/fleet/share/harmony-fleet/prometheus/harmony-fleet.rules.yml",
+            0o644,
+        ),
+        (
+            "/opt/fleet/share/harmony-fleet/prometheus/harmony-fleet.dashboard.json",
+            0o644,
+        ),
         ("/usr/share/man/man8/fleet-agent.8.gz", 0o644),
         ("/usr/share/man/man8/fleet-updater.8.gz", 0o644),
         ("/usr/lib/harmony-fleet/fleet-updater", 0o755),
