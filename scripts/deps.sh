@@ -48,6 +48,7 @@ NEEDS=(
   promtool:prometheus
   /usr/bin/prometheus:prometheus
   /usr/bin/prometheus-alertmanager:prometheus-alertmanager
+  chromium:chromium
 )
 # The Rust targets: the gnu ones for fleetctl and armhf, the musl ones for
 # the static amd64 and arm64 device daemons (armv7 musl is not served).
