@@ -295,6 +295,21 @@ pub fn record_previous(target: &mut WorkloadRollout, writes: &[Write]) {
     target.previous = previous;
 }
 
+/// Each write's desired document by compare-and-set, pipelined.
+fn cas_docs<'a>(
+    conn: &nats::Connection,
+    writes: impl Iterator<Item = &'a SpecWrite>,
+) -> Result<Vec<CasOutcome>, CtlError> {
+    let batch: Vec<CasWrite> = writes
+        .map(|s| CasWrite {
+            key: desired_doc_key(&s.device),
+            value: s.doc.clone(),
+            expected_seq: s.seq,
+        })
+        .collect();
+    js::cas_put_all(conn, BUCKET_WORKLOADS, &batch)
+}
+
 /// The CAS writes of the documents, and after them the legacy keys for
 /// agents 0.1.0 (while `fleet-desired` exists) of those written.
 pub fn write_docs(
@@ -302,15 +317,7 @@ pub fn write_docs(
     target: &WorkloadRollout,
     writes: &[&SpecWrite],
 ) -> Result<Vec<CasOutcome>, CtlError> {
-    let batch: Vec<CasWrite> = writes
-        .iter()
-        .map(|s| CasWrite {
-            key: desired_doc_key(&s.device),
-            value: s.doc.clone(),
-            expected_seq: s.seq,
-        })
-        .collect();
-    let outcomes = js::cas_put_all(conn, BUCKET_WORKLOADS, &batch)?;
+    let outcomes = cas_docs(conn, writes.iter().map(|s| &**s))?;
     if legacy_store(conn)?.is_some() {
         let canonical =
             serde_json::to_vec(&target.spec).map_err(|e| CtlError::Input(e.to_string()))?;
@@ -539,15 +546,7 @@ pub fn undo(conn: &nats::Connection, id: &str) -> Result<Undo, CtlError> {
             previous_spec: None,
         });
     }
-    let batch: Vec<CasWrite> = writes
-        .iter()
-        .map(|s| CasWrite {
-            key: desired_doc_key(&s.device),
-            value: s.doc.clone(),
-            expected_seq: s.seq,
-        })
-        .collect();
-    let outcomes = js::cas_put_all(conn, BUCKET_WORKLOADS, &batch)?;
+    let outcomes = cas_docs(conn, writes.iter())?;
     let legacy = legacy_store(conn)?;
     let mut put_back = 0usize;
     for (s, o) in writes.iter().zip(outcomes) {
