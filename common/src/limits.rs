@@ -29,6 +29,23 @@ pub const NATS_CONNECT_WINDOW: Duration = Duration::from_secs(3 * 60);
 pub const PRESENCE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bound on one JetStream API request or publish acknowledgement.
 pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The waits of fleetctl's successive attempts to create a read consumer
+/// (each under a new name, on a new inbox, the unanswered one deleted).
+/// nats-server before 2.9.12 (Debian's 2.9.10 among them) places an
+/// ephemeral consumer of an R3 stream on any of the stream's peers, a dead
+/// one too, and then never answers: with a node down one create in three
+/// is lost. Eight attempts make a lost read one in 6,561 and take 23 s at
+/// most; a live peer answers in milliseconds, seconds on a loaded cluster.
+pub const CONSUMER_CREATE_WAITS: [Duration; 8] = [
+    Duration::from_secs(2),
+    Duration::from_secs(2),
+    Duration::from_secs(2),
+    Duration::from_secs(2),
+    Duration::from_secs(3),
+    Duration::from_secs(3),
+    Duration::from_secs(4),
+    Duration::from_secs(5),
+];
 /// Bound on one Direct Get of a device's key. Any replica answers it from
 /// memory in milliseconds; a request lost with a dying node must be retried
 /// well within the 10 s a device has to be back after a node loss (the

@@ -5,7 +5,9 @@
 //!   one ephemeral push consumer (`last_per_subject`, no acks, flow
 //!   control): one request and a stream of messages instead of one `get`
 //!   per key. The snapshot is complete when the pending count of the
-//!   delivery's ack subject reaches 0.
+//!   delivery's ack subject reaches 0. A create that goes unanswered (a
+//!   server before 2.9.12 may place the consumer on a dead peer) is made
+//!   again under a new name ([`CONSUMER_CREATE_WAITS`]).
 //! - [`cas_put_all`]: compare-and-set writes, pipelined: each published
 //!   with `Nats-Expected-Last-Subject-Sequence` (0: the key must never have
 //!   been written) and a reply subject on one inbox, up to
@@ -22,7 +24,7 @@ use fleet_common::jetstream::{
     is_kv_delete, nanos, AckInfo, ConsumerCreateResponse, PubAckResponse, ERR_WRONG_LAST_SEQUENCE,
     HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE, HEADER_KV_OPERATION, HEADER_STATUS,
 };
-use fleet_common::limits::NATS_REQUEST_TIMEOUT;
+use fleet_common::limits::CONSUMER_CREATE_WAITS;
 use fleet_common::subjects::{kv_subject, stream_name};
 
 use crate::error::CtlError;
@@ -104,34 +106,63 @@ impl Consumer {
         deliver: serde_json::Value,
     ) -> Result<Consumer, CtlError> {
         let what = || format!("reading {bucket} ({filter})");
-        let inbox = conn.new_inbox();
-        let sub = conn.subscribe(&inbox).map_err(CtlError::nats(what()))?;
         let stream = stream_name(bucket);
-        let mut config = serde_json::json!({
-            "deliver_subject": inbox,
-            "ack_policy": "none",
-            "replay_policy": "instant",
-            "filter_subject": filter,
-            "flow_control": true,
-            "idle_heartbeat": nanos(READ_HEARTBEAT),
-            "mem_storage": true,
-        });
-        if let (Some(c), Some(d)) = (config.as_object_mut(), deliver.as_object()) {
-            c.extend(d.clone());
-        }
-        let body = serde_json::json!({ "stream_name": stream, "config": config });
-        let reply = conn
-            .request_timeout(
-                &format!("$JS.API.CONSUMER.CREATE.{stream}"),
+        let mut last_error = String::new();
+        for wait in CONSUMER_CREATE_WAITS {
+            // A new name and a new inbox each time: a consumer whose create
+            // went unanswered but that comes to life later delivers to an
+            // inbox nobody listens on, and is deleted.
+            let name = format!("fleetctl-{}", uuid::Uuid::new_v4().simple());
+            let inbox = conn.new_inbox();
+            let sub = conn.subscribe(&inbox).map_err(CtlError::nats(what()))?;
+            let mut config = serde_json::json!({
+                "name": name,
+                "deliver_subject": inbox,
+                "ack_policy": "none",
+                "replay_policy": "instant",
+                "filter_subject": filter,
+                "flow_control": true,
+                "idle_heartbeat": nanos(READ_HEARTBEAT),
+                "mem_storage": true,
+            });
+            if let (Some(c), Some(d)) = (config.as_object_mut(), deliver.as_object()) {
+                c.extend(d.clone());
+            }
+            let body = serde_json::json!({ "stream_name": stream, "config": config });
+            match conn.request_timeout(
+                &format!("$JS.API.CONSUMER.CREATE.{stream}.{name}"),
                 body.to_string(),
-                NATS_REQUEST_TIMEOUT,
-            )
-            .map_err(|e| CtlError::Nats {
-                what: what(),
-                detail: format!("{e} (does the bucket exist? fleetctl buckets create)"),
-            })?;
+                wait,
+            ) {
+                Ok(reply) => return Consumer::created(conn, bucket, name, sub, &reply.data, what),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    drop(sub);
+                    delete_consumer(conn, bucket, &name);
+                    last_error = e.to_string();
+                }
+                Err(e) => return Err(CtlError::nats(what())(e)),
+            }
+        }
+        Err(CtlError::Nats {
+            what: what(),
+            detail: format!(
+                "{last_error}: {} consumer creates went unanswered (does the bucket exist? fleetctl buckets create)",
+                CONSUMER_CREATE_WAITS.len()
+            ),
+        })
+    }
+
+    /// The consumer the create request answered by `data` made.
+    fn created(
+        conn: &nats::Connection,
+        bucket: &str,
+        name: String,
+        sub: nats::Subscription,
+        data: &[u8],
+        what: impl Fn() -> String,
+    ) -> Result<Consumer, CtlError> {
         let resp: ConsumerCreateResponse =
-            serde_json::from_slice(&reply.data).map_err(|e| CtlError::Nats {
+            serde_json::from_slice(data).map_err(|e| CtlError::Nats {
                 what: what(),
                 detail: format!("unexpected JetStream answer: {e}"),
             })?;
@@ -148,7 +179,7 @@ impl Consumer {
         Ok(Consumer {
             conn: conn.clone(),
             bucket: bucket.to_owned(),
-            name: resp.name.unwrap_or_default(),
+            name: resp.name.unwrap_or(name),
             sub,
             pending: resp.num_pending.unwrap_or(0),
         })
@@ -199,17 +230,18 @@ impl Consumer {
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        // Best effort: the server would remove it anyway once nobody listens.
-        if !self.name.is_empty() {
-            let _ = self.conn.publish(
-                &format!(
-                    "$JS.API.CONSUMER.DELETE.{}.{}",
-                    stream_name(&self.bucket),
-                    self.name
-                ),
-                b"",
-            );
-        }
+        delete_consumer(&self.conn, &self.bucket, &self.name);
+    }
+}
+
+/// Best effort: the server removes an ephemeral consumer anyway once its
+/// inbox has had no interest for a while.
+fn delete_consumer(conn: &nats::Connection, bucket: &str, name: &str) {
+    if !name.is_empty() {
+        let _ = conn.publish(
+            &format!("$JS.API.CONSUMER.DELETE.{}.{name}", stream_name(bucket)),
+            b"",
+        );
     }
 }
 

@@ -3,7 +3,9 @@
 
 use std::process::Command;
 
-use fleet_harness::{NatsServer, NatsVersion, NATS_ADMIN_PASSWORD};
+use std::time::Duration;
+
+use fleet_harness::{poll_until, NatsCluster, NatsServer, NatsVersion, NATS_ADMIN_PASSWORD};
 
 fn fleetctl(server: &NatsServer, pw: &std::path::Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
@@ -182,4 +184,53 @@ fn an_older_deployments_buckets_are_brought_up_to_date_2_9() {
 #[test]
 fn an_older_deployments_buckets_are_brought_up_to_date_2_14() {
     an_older_deployments_buckets_are_brought_up_to_date(NatsVersion::V2_14);
+}
+
+/// A node of a 3-node cluster killed on Debian's nats-server 2.9.10, which
+/// places one ephemeral read consumer in three on the dead node and never
+/// answers its create: once the cluster has its leaders again, every
+/// `fleetctl status` (four buckets read, each through its own consumer)
+/// answers the first time, with every device's labels.
+#[test]
+fn reads_go_on_through_a_node_loss_on_2_9() {
+    let devices = ["dev1", "dev2", "dev3"];
+    let mut cluster = NatsCluster::start_fleet(NatsVersion::V2_9, &devices);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pw = dir.path().join("pw");
+    std::fs::write(&pw, format!("{NATS_ADMIN_PASSWORD}\n")).expect("write");
+    let run = |cluster: &NatsCluster, args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetctl"));
+        cmd.args(args);
+        for url in cluster.live_urls().split(',') {
+            cmd.args(["--server", url]);
+        }
+        let out = cmd
+            .arg("--password-file")
+            .arg(&pw)
+            .output()
+            .expect("run fleetctl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for d in devices {
+        let (ok, _, err) = run(&cluster, &["device", "label", d, "site=berlin"]);
+        assert!(ok, "{err}");
+    }
+    cluster.kill_node(2);
+    cluster.wait_for_leaders(Duration::from_secs(60));
+    // The first read may also wait out the election of a new meta leader.
+    poll_until(
+        "a read after the node loss",
+        Duration::from_secs(90),
+        || run(&cluster, &["status", "--json"]).0.then_some(()),
+    );
+    for i in 0..6 {
+        let (ok, out, err) = run(&cluster, &["status", "--json", "-l", "site=berlin"]);
+        assert!(ok, "read {i} after the node loss: {err}");
+        let rows: serde_json::Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(rows.as_array().map(Vec::len), Some(3), "{out}");
+    }
 }
