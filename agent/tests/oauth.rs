@@ -230,8 +230,8 @@ fn the_agent_stays_connected_through_the_callout_across_token_renewals() {
 
 /// A server restart under an agent with a long-lived token: it connects
 /// again with the token it has (the crate's reconnect, or the renewer's new
-/// connection once the crate gives up), its consumers start over, and a
-/// change made after the restart applies.
+/// connection once the crate gives up), its reads and subscriptions start
+/// over, and a change made after the restart applies.
 #[test]
 fn a_server_restart_is_survived_with_the_kept_token() {
     let podman = Podman::new();

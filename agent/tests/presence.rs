@@ -492,3 +492,109 @@ fn a_device_admitted_by_the_callout_is_named_by_its_issued_user() {
         nats.logs()
     );
 }
+
+/// A link cut without a FIN or a reset (every packet dropped in the
+/// device's network namespace, as a dead cellular link): presence says
+/// `online` until the server's pings go unanswered, then `offline`; the
+/// agent's own pings find the link dead, and once the link works again it
+/// connects again and is `online` on a new connection. The server's and
+/// the agent's ping intervals are 2 s here instead of 240 s and 200 s
+/// (docs/operator/traffic.md), so that the bound is seconds, not minutes.
+#[test]
+fn a_link_cut_without_a_fin_is_offline_once_the_pings_fail_and_the_agent_comes_back() {
+    let ns = fleet_harness::NetNs::new();
+    let password = fleet_harness::device_password("dev-a");
+    let server = fleet_harness::NatsServer::start_with_config(NatsVersion::V2_14, |port, store| {
+        let text = fleet_harness::fleet_server_config(
+            &[("dev-a", password.as_str())],
+            fleet_harness::NATS_ADMIN_PASSWORD,
+            port,
+            store,
+        );
+        let listen = format!("listen: \"127.0.0.1:{port}\"");
+        let ping = format!(
+            "ping_interval: \"{}s\"",
+            fleet_common::limits::SERVER_PING_INTERVAL.as_secs()
+        );
+        assert!(text.contains(&listen) && text.contains(&ping), "{text}");
+        text.replace(&listen, &format!("listen: \"0.0.0.0:{port}\""))
+            .replace(&ping, "ping_interval: \"2s\"")
+    });
+    let work = tempfile::tempdir().expect("tempdir");
+    let pw = work.path().join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("pw");
+    let status = || {
+        let out = Command::new(bin_path("fleetctl"))
+            .args([
+                "status",
+                "--json",
+                "--server",
+                &server.url(),
+                "--password-file",
+            ])
+            .arg(&pw)
+            .env_remove("FLEET_NATS_URL")
+            .env_remove("FLEET_NATS_PASSWORD_FILE")
+            .output()
+            .expect("run fleetctl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")
+    };
+    let mut s = Settings::new(vec![format!("nats://{}:{}", ns.host_addr(), server.port())]);
+    s.podman = false;
+    s.ping_secs = 2;
+    let a = Device::new("dev-a", &s, None);
+    let mut agent = ChildGuard::spawn(ns.command(&a.command(&["run"], None)), "agent-dev-a");
+    a.wait_ready(&mut agent);
+    let first = poll_until("dev-a online", CONVERGE, || {
+        let rows = status();
+        (connection_of(&rows, "dev-a").as_deref() == Some("online"))
+            .then(|| row(&rows, "dev-a").expect("row")["connected"].clone())
+    });
+    assert_eq!(
+        first["server"].as_str().map(|s| s.is_empty()),
+        Some(false),
+        "{first}"
+    );
+
+    ns.cut();
+    let cut = std::time::Instant::now();
+    // Nothing reached the server: it still holds the connection for a
+    // while, then closes it when its pings go unanswered.
+    poll_until(
+        "dev-a offline after the cut",
+        Duration::from_secs(60),
+        || (connection_of(&status(), "dev-a").as_deref() == Some("offline")).then_some(()),
+    );
+    let shown = cut.elapsed();
+    eprintln!("a silent link cut was shown offline after {shown:?}");
+    assert!(
+        shown >= Duration::from_secs(2),
+        "offline after {shown:?}: before the server's first ping could go unanswered"
+    );
+    assert!(
+        agent.try_wait().is_none(),
+        "the agent lives on: {}",
+        agent.log()
+    );
+
+    ns.restore();
+    let restored = std::time::Instant::now();
+    let again = poll_until("dev-a online again", Duration::from_secs(120), || {
+        let rows = status();
+        (connection_of(&rows, "dev-a").as_deref() == Some("online"))
+            .then(|| row(&rows, "dev-a").expect("row")["connected"].clone())
+    });
+    assert_ne!(
+        again["since"], first["since"],
+        "a new connection: {first} then {again}"
+    );
+    eprintln!(
+        "online again {:?} after the link came back",
+        restored.elapsed()
+    );
+}

@@ -4,7 +4,8 @@
 //! CA, an identity provider on it (JWKS and OAuth2 token endpoint), Debian's
 //! Prometheus and Alertmanager (with a webhook receiver), an OCI
 //! registry (Debian's docker-registry) with a token-auth front, a booted
-//! Debian 12 systemd container, and child processes that are killed and
+//! Debian 12 systemd container, a network namespace behind a link that can
+//! be cut silently, and child processes that are killed and
 //! reaped when a test ends, whatever way it ends.
 //!
 //! Everything a test starts lives in a guard whose `Drop` stops it and removes
@@ -22,6 +23,7 @@ mod https;
 mod idp;
 mod isolation;
 mod nats;
+mod netns;
 mod podman;
 mod proc;
 mod prometheus;
@@ -50,6 +52,7 @@ pub use nats::{
     device_password, fleet_server_config, without_presence, ClusterOptions, NatsCluster,
     NatsServer, NatsVersion, NATS_ADMIN_PASSWORD,
 };
+pub use netns::NetNs;
 pub use podman::{Podman, BUSYBOX_IMAGE};
 pub use proc::ChildGuard;
 pub use prometheus::{promtool, promtool_ok, Alertmanager, Prometheus, WebhookReceiver};
