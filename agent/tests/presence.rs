@@ -500,6 +500,8 @@ fn a_device_admitted_by_the_callout_is_named_by_its_issued_user() {
 /// connects again and is `online` on a new connection. The server's and
 /// the agent's ping intervals are 2 s here instead of 240 s and 200 s
 /// (docs/operator/traffic.md), so that the bound is seconds, not minutes.
+/// `fleetctl watch` prints each connection opened and closed, with the
+/// server's reason.
 #[test]
 fn a_link_cut_without_a_fin_is_offline_once_the_pings_fail_and_the_agent_comes_back() {
     let ns = fleet_harness::NetNs::new();
@@ -544,6 +546,14 @@ fn a_link_cut_without_a_fin_is_offline_once_the_pings_fail_and_the_agent_comes_b
         );
         serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")
     };
+    let mut watch = Command::new(bin_path("fleetctl"));
+    watch
+        .args(["watch", "--server", &server.url(), "--password-file"])
+        .arg(&pw)
+        .env_remove("FLEET_NATS_URL")
+        .env_remove("FLEET_NATS_PASSWORD_FILE");
+    let watch = ChildGuard::spawn(watch, "fleetctl-watch");
+    watch.wait_for_line("watching fleet-status and device connections", CONVERGE);
     let mut s = Settings::new(vec![format!("nats://{}:{}", ns.host_addr(), server.port())]);
     s.podman = false;
     s.ping_secs = 2;
@@ -561,8 +571,11 @@ fn a_link_cut_without_a_fin_is_offline_once_the_pings_fail_and_the_agent_comes_b
         "{first}"
     );
 
+    watch.wait_for_line(" dev-a connection: online to ", CONVERGE);
+
     ns.cut();
     let cut = std::time::Instant::now();
+    let from = watch.line_count();
     // Nothing reached the server: it still holds the connection for a
     // while, then closes it when its pings go unanswered.
     poll_until(
@@ -581,6 +594,10 @@ fn a_link_cut_without_a_fin_is_offline_once_the_pings_fail_and_the_agent_comes_b
         "the agent lives on: {}",
         agent.log()
     );
+    // What the server said when it gave up on the connection.
+    let closed = watch.wait_for_line_after(from, " dev-a connection: offline from ", CONVERGE);
+    assert!(closed.ends_with("(Stale Connection)"), "{closed}");
+    let from = watch.line_count();
 
     ns.restore();
     let restored = std::time::Instant::now();
@@ -597,4 +614,5 @@ fn a_link_cut_without_a_fin_is_offline_once_the_pings_fail_and_the_agent_comes_b
         "online again {:?} after the link came back",
         restored.elapsed()
     );
+    watch.wait_for_line_after(from, " dev-a connection: online to ", CONVERGE);
 }

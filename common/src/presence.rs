@@ -146,7 +146,7 @@ pub struct LastSeen {
 }
 
 #[derive(Deserialize)]
-struct DisconnectEvent {
+struct ClientEvent {
     #[serde(default)]
     timestamp: Option<String>,
     server: AnswerServer,
@@ -158,6 +158,8 @@ struct DisconnectEvent {
 #[derive(Deserialize)]
 struct EventClient {
     #[serde(default)]
+    start: Option<String>,
+    #[serde(default)]
     stop: Option<String>,
     #[serde(default)]
     user: Option<String>,
@@ -165,11 +167,31 @@ struct EventClient {
     name_tag: Option<String>,
 }
 
-/// The device and its last-seen of a `$SYS.ACCOUNT.DEVICES.DISCONNECT`
-/// event; None for anything else (or a connection of no device). The time
-/// is the connection's stop, else the event's, else `now`.
-pub fn disconnect_event(bytes: &[u8], now: Timestamp) -> Option<(DeviceId, LastSeen)> {
-    let e: DisconnectEvent = serde_json::from_slice(bytes).ok()?;
+/// A device's connection opened or closed, as the cluster's connect and
+/// disconnect events of `DEVICES` tell it (`fleetctl watch`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionEvent {
+    pub device: DeviceId,
+    /// Opened (a CONNECT event) or closed (a DISCONNECT event).
+    pub connected: bool,
+    /// The connection's start or stop, else the event's time, else `now`.
+    pub at: Timestamp,
+    /// The server that held it.
+    pub server: String,
+    /// Why it closed, in the server's words ("Client Closed", "Stale
+    /// Connection", ...); empty for a connect.
+    pub reason: String,
+}
+
+/// The event on `subject` (its last token `CONNECT` or `DISCONNECT`, under
+/// any prefix); None for anything else, or a connection of no device.
+pub fn connection_event(subject: &str, bytes: &[u8], now: Timestamp) -> Option<ConnectionEvent> {
+    let connected = match subject.rsplit('.').next() {
+        Some("CONNECT") => true,
+        Some("DISCONNECT") => false,
+        _ => return None,
+    };
+    let e: ClientEvent = serde_json::from_slice(bytes).ok()?;
     let device = ConnzConnection {
         cid: 0,
         start: None,
@@ -178,16 +200,35 @@ pub fn disconnect_event(bytes: &[u8], now: Timestamp) -> Option<(DeviceId, LastS
         name_tag: e.client.name_tag,
     }
     .device()?;
-    let at = [e.client.stop, e.timestamp]
+    let own = if connected {
+        e.client.start
+    } else {
+        e.client.stop
+    };
+    let at = [own, e.timestamp]
         .into_iter()
         .flatten()
         .find_map(|t| Timestamp::parse(&t).ok())
         .unwrap_or(now);
-    Some((
+    Some(ConnectionEvent {
         device,
+        connected,
+        at,
+        server: e.server.name,
+        reason: if connected { String::new() } else { e.reason },
+    })
+}
+
+/// The device and its last-seen of a `$SYS.ACCOUNT.DEVICES.DISCONNECT`
+/// event; None for anything else (or a connection of no device). The time
+/// is the connection's stop, else the event's, else `now`.
+pub fn disconnect_event(bytes: &[u8], now: Timestamp) -> Option<(DeviceId, LastSeen)> {
+    let e = connection_event("DISCONNECT", bytes, now)?;
+    Some((
+        e.device,
         LastSeen {
-            at,
-            server: e.server.name,
+            at: e.at,
+            server: e.server,
             reason: e.reason,
         },
     ))
@@ -747,6 +788,44 @@ mod tests {
         assert_eq!(seen.reason, "Client Closed");
         assert!(disconnect_event(b"{}", now).is_none());
         assert!(disconnect_event(
+            br#"{"server":{"name":"n1"},"client":{"user":"$G bad"}}"#,
+            now
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn connect_and_disconnect_events_say_which_and_when() {
+        let connect = br#"{"type":"io.nats.server.advisory.v1.client_connect","timestamp":"2026-12-02T05:51:50.9Z",
+            "server":{"name":"n0","id":"NX"},"client":{"start":"2026-12-02T05:51:50.875Z","id":6,"acc":"DEVICES",
+            "user":"dev1","kind":"Client"}}"#;
+        let now = Timestamp::from_unix_millis(1);
+        let e = connection_event("fleetpresence.$SYS.ACCOUNT.DEVICES.CONNECT", connect, now)
+            .expect("a connect");
+        assert_eq!(e.device, id("dev1"));
+        assert!(e.connected);
+        assert_eq!(
+            e.at,
+            Timestamp::parse("2026-12-02T05:51:50.875Z").expect("t")
+        );
+        assert_eq!((e.server.as_str(), e.reason.as_str()), ("n0", ""));
+        let disconnect = br#"{"timestamp":"2026-12-02T05:51:53Z","server":{"name":"n0"},
+            "client":{"start":"2026-12-02T05:51:50.875Z","stop":"2026-12-02T05:51:52.681Z","user":"dev1"},
+            "reason":"Stale Connection"}"#;
+        let e = connection_event("$SYS.ACCOUNT.DEVICES.DISCONNECT", disconnect, now)
+            .expect("a disconnect");
+        assert!(!e.connected);
+        assert_eq!(
+            e.at,
+            Timestamp::parse("2026-12-02T05:51:52.681Z").expect("t")
+        );
+        assert_eq!(e.reason, "Stale Connection");
+        // Another subject, or a connection that is no device's: nothing.
+        assert!(
+            connection_event("$SYS.ACCOUNT.DEVICES.LEAFNODE.CONNECT.x", connect, now).is_none()
+        );
+        assert!(connection_event(
+            "$SYS.ACCOUNT.DEVICES.CONNECT",
             br#"{"server":{"name":"n1"},"client":{"user":"$G bad"}}"#,
             now
         )

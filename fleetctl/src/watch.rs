@@ -1,15 +1,22 @@
-//! `fleetctl watch [--heartbeats] [-l SELECTOR]`: follows `fleet-status` and prints one
-//! line per change until interrupted (Ctrl-C). Heartbeats are printed only
-//! with `--heartbeats`. Every read is bounded; a consumer that goes silent
-//! (no message, no heartbeat) or a reconnect is replaced by a new one from
-//! the next sequence, so nothing is missed or printed twice.
+//! `fleetctl watch [--heartbeats] [--no-connections] [-l SELECTOR]`: follows
+//! `fleet-status` and prints one line per change until interrupted
+//! (Ctrl-C). Heartbeats are printed only with `--heartbeats`. Every read is
+//! bounded; a consumer that goes silent (no message, no heartbeat) or a
+//! reconnect is replaced by a new one from the next sequence, so nothing is
+//! missed or printed twice.
+//!
+//! Beside the status changes, each device connection the cluster opens or
+//! closes is a line (its connect and disconnect events, exported to `FLEET`
+//! by the generated server config: docs/design/presence.md), unless
+//! `--no-connections`. A server config without presence gives none.
 
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use fleet_common::contracts::{DeviceInfo, Heartbeat, UpgradeReport, WorkloadsReport};
-use fleet_common::subjects::BUCKET_STATUS;
+use fleet_common::presence::{connection_event, ConnectionEvent};
+use fleet_common::subjects::{BUCKET_STATUS, PRESENCE_EVENTS_PREFIX, SYS_DEVICES_EVENTS};
 use fleet_common::Timestamp;
 
 use crate::error::CtlError;
@@ -86,29 +93,76 @@ pub fn line(e: &KvEntry, heartbeats: bool, now: Timestamp) -> Option<String> {
     Some(format!("{now} {device} {key}: {what}"))
 }
 
+/// The line for a device's connection opened or closed.
+pub fn connection_line(e: &ConnectionEvent) -> String {
+    if e.connected {
+        format!("{} {} connection: online to {}", e.at, e.device, e.server)
+    } else if e.reason.is_empty() {
+        format!(
+            "{} {} connection: offline from {}",
+            e.at, e.device, e.server
+        )
+    } else {
+        format!(
+            "{} {} connection: offline from {} ({})",
+            e.at, e.device, e.server, e.reason
+        )
+    }
+}
+
 /// Runs until the process is interrupted; returns only on a first
 /// connection-level failure.
 pub fn run(
     conn: &nats::Connection,
     heartbeats: bool,
+    connections: bool,
     selector: Option<&Selector>,
 ) -> Result<(), CtlError> {
     let filter = format!("$KV.{BUCKET_STATUS}.>");
     let mut matching = Matching::new(conn, selector)?;
+    let events = if connections {
+        let subject = format!("{PRESENCE_EVENTS_PREFIX}.{SYS_DEVICES_EVENTS}");
+        Some(
+            conn.subscribe(&subject)
+                .map_err(CtlError::nats(format!("following {subject}")))?,
+        )
+    } else {
+        None
+    };
     let mut follow = js::follow(conn, BUCKET_STATUS, &filter, None)?;
-    eprintln!("watching {BUCKET_STATUS} (Ctrl-C stops)");
+    eprintln!(
+        "watching {BUCKET_STATUS}{} (Ctrl-C stops)",
+        if connections {
+            " and device connections"
+        } else {
+            ""
+        }
+    );
     let mut next_seq: Option<u64> = None;
     let stdout = std::io::stdout();
+    // False once the reader went away (a closed pipe).
+    let print = |l: &str| {
+        let mut out = stdout.lock();
+        writeln!(out, "{l}").and_then(|()| out.flush()).is_ok()
+    };
     loop {
+        // Connection events are looked at between status waits (a second
+        // at most).
+        while let Some(m) = events.as_ref().and_then(nats::Subscription::try_next) {
+            let Some(e) = connection_event(&m.subject, &m.data, Timestamp::now()) else {
+                continue;
+            };
+            if matching.contains(conn, e.device.as_str()) && !print(&connection_line(&e)) {
+                return Ok(());
+            }
+        }
         match follow.next(WAIT) {
             Followed::Entry(e) => {
                 next_seq = Some(e.seq + 1);
                 let device = e.key.split('.').next().unwrap_or_default();
                 let printed = line(&e, heartbeats, Timestamp::now());
                 if let Some(l) = printed.filter(|_| matching.contains(conn, device)) {
-                    let mut out = stdout.lock();
-                    if writeln!(out, "{l}").and_then(|()| out.flush()).is_err() {
-                        // The reader went away (a closed pipe).
+                    if !print(&l) {
                         return Ok(());
                     }
                 }
@@ -209,6 +263,26 @@ mod tests {
             seq: 5,
             value: Some(b"{}".to_vec()),
         };
+        let online = ConnectionEvent {
+            device: fleet_common::validate::DeviceId::parse("dev1").expect("id"),
+            connected: true,
+            at: now,
+            server: "n0".into(),
+            reason: String::new(),
+        };
+        assert_eq!(
+            connection_line(&online),
+            "1970-01-01T00:00:00.000Z dev1 connection: online to n0"
+        );
+        let stale = ConnectionEvent {
+            connected: false,
+            reason: "Stale Connection".into(),
+            ..online
+        };
+        assert_eq!(
+            connection_line(&stale),
+            "1970-01-01T00:00:00.000Z dev1 connection: offline from n0 (Stale Connection)"
+        );
         assert!(line(&bad, false, now)
             .expect("a line")
             .starts_with("1970-01-01T00:00:00.000Z dev1 info: unreadable (missing field"));

@@ -12,6 +12,9 @@ pub struct Watch {
     /// Also every heartbeat
     #[arg(long)]
     heartbeats: bool,
+    /// Leave out the lines of device connections opened and closed
+    #[arg(long)]
+    no_connections: bool,
     #[command(flatten)]
     select: Select,
     #[command(flatten)]
@@ -22,7 +25,12 @@ impl Watch {
     pub fn run(self) -> Result<Output, Failure> {
         // watch reconnects until interrupted.
         let c = self.conn.connect(Reconnect::Forever)?;
-        watch::run(&c, self.heartbeats, self.select.selector.as_ref())?;
+        watch::run(
+            &c,
+            self.heartbeats,
+            !self.no_connections,
+            self.select.selector.as_ref(),
+        )?;
         Ok(Output::text(String::new()))
     }
 }
