@@ -6,9 +6,9 @@
 //!
 //! Modules: `config` (the JSON config), `https` (the identity provider's
 //! transport), `jwks` (its keys, cached), `jwt` (bearer verification),
-//! `nkeys` (the issuer key, Ed25519 with ring), `natsjwt` (NATS JWT encoding
-//! and request verification), `callout` (request → decision → response),
-//! `service` (NATS, threads, logging). The device side (the agent's
+//! `nkeys` (the issuer key's seed file, through the `nkeys` crate),
+//! `natsjwt` (NATS JWT encoding and request verification), `callout`
+//! (request → decision → response), `service` (NATS, threads, logging). The device side (the agent's
 //! client-credentials token client) lives in `fleet-agent`'s `oauth`.
 
 mod callout;

@@ -18,11 +18,11 @@ use fleet_common::callout::{
     CLAIM_TYPE_AUTH_REQUEST, NATS_JWT_ALGORITHM, NATS_JWT_TYPE, NATS_JWT_VERSION,
 };
 use fleet_common::limits::MAX_AUTH_REQUEST_BYTES;
-use fleet_common::nkey::{base32_encode, NkeyError, NkeyKind, PublicNkey};
+use fleet_common::nkey::{NkeyError, NkeyKind, PublicNkey};
 use ring::digest::{digest, SHA512_256};
 use serde::Serialize;
 
-use crate::nkeys::{verify, AccountSigner};
+use crate::nkeys::{verify, AccountSigner, SignError};
 
 /// Claims the callout signs; the encoder fills in `jti`.
 pub trait NatsClaims: Serialize {
@@ -41,13 +41,20 @@ impl NatsClaims for AuthResponseClaims {
     }
 }
 
-/// Serializing claims failed (a bug: these types always serialize).
+/// Serializing or signing claims failed (a bug: these types always
+/// serialize, and the issuer key always signs).
 #[derive(Debug)]
-pub struct EncodeError(serde_json::Error);
+pub enum EncodeError {
+    Json(serde_json::Error),
+    Sign(SignError),
+}
 
 impl fmt::Display for EncodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cannot serialize NATS JWT claims: {}", self.0)
+        match self {
+            Self::Json(e) => write!(f, "cannot serialize NATS JWT claims: {e}"),
+            Self::Sign(e) => write!(f, "cannot sign NATS JWT claims: {e}"),
+        }
     }
 }
 
@@ -56,13 +63,21 @@ impl std::error::Error for EncodeError {}
 /// The signed JWT of `claims`.
 pub fn encode<C: NatsClaims>(mut claims: C, signer: &AccountSigner) -> Result<String, EncodeError> {
     claims.set_jti(String::new());
-    let bare = serde_json::to_vec(&claims).map_err(EncodeError)?;
-    claims.set_jti(base32_encode(digest(&SHA512_256, &bare).as_ref()));
-    let payload = serde_json::to_vec(&claims).map_err(EncodeError)?;
-    let header = serde_json::to_vec(&NatsJwtHeader::nkey()).map_err(EncodeError)?;
+    let bare = serde_json::to_vec(&claims).map_err(EncodeError::Json)?;
+    claims.set_jti(jti(&bare));
+    let payload = serde_json::to_vec(&claims).map_err(EncodeError::Json)?;
+    let header = serde_json::to_vec(&NatsJwtHeader::nkey()).map_err(EncodeError::Json)?;
     let signing_input = format!("{}.{}", encode_url(&header), encode_url(&payload));
-    let signature = signer.sign(signing_input.as_bytes());
+    let signature = signer
+        .sign(signing_input.as_bytes())
+        .map_err(EncodeError::Sign)?;
     Ok(format!("{signing_input}.{}", encode_url(&signature)))
+}
+
+/// The `jti` of claims serialized without it: base32 (RFC 4648, no
+/// padding) of their SHA-512/256.
+fn jti(bare: &[u8]) -> String {
+    data_encoding::BASE32_NOPAD.encode(digest(&SHA512_256, bare).as_ref())
 }
 
 /// Why an authorization request was not answered. Nothing in it is trusted,
@@ -278,11 +293,17 @@ pub(crate) mod tests {
         assert_eq!(payload["name"], "dev-7");
         // jti = base32(SHA-512/256(claims without jti)).
         let bare = serde_json::to_vec(&claims).expect("json");
-        assert_eq!(
-            payload["jti"],
-            base32_encode(digest(&SHA512_256, &bare).as_ref()).as_str()
-        );
+        assert_eq!(payload["jti"], jti(&bare).as_str());
         assert_eq!(payload["jti"].as_str().map(str::len), Some(52));
+        // RFC 4648 base32 of SHA-512/256 (FIPS 180-4 "abc" vector).
+        assert_eq!(
+            jti(b"abc"),
+            data_encoding::BASE32_NOPAD.encode(&[
+                0x53, 0x04, 0x8e, 0x26, 0x81, 0x94, 0x1e, 0xf9, 0x9b, 0x2e, 0x29, 0xb7, 0x6b, 0x4c,
+                0x7d, 0xab, 0xe4, 0xc2, 0xd0, 0xc6, 0x34, 0xfc, 0x6d, 0x46, 0xe0, 0xe2, 0xf1, 0x31,
+                0x07, 0xe7, 0xaf, 0x23
+            ])
+        );
         // The signature verifies with the nkeys crate.
         let (input, sig) = token.rsplit_once('.').expect("three parts");
         let kp = nkeys::KeyPair::from_public_key(&signer.public_key().encode()).expect("pk");

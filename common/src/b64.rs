@@ -1,73 +1,43 @@
-//! Base64 (RFC 4648): the URL-safe alphabet without padding that JWTs and
-//! JWKs use, strictly decoded (no padding, no whitespace, zero trailing
-//! bits), and the standard alphabet with padding for HTTP Basic credentials.
+//! Base64 (RFC 4648) through the `base64` crate, configured in one place:
+//! the URL-safe alphabet without padding that JWTs and JWKs use, decoded
+//! strictly (no padding, no whitespace, zero trailing bits), and the standard
+//! alphabet with padding for HTTP Basic credentials.
 //!
-//! Shared by the auth callout (JWT and JWK decoding, NATS JWT encoding) and
-//! the agent (the Basic credentials of its token requests).
+//! Shared by the auth callout (JWT and JWK decoding, NATS JWT encoding), the
+//! agent (the Basic credentials of its token requests) and the test harness.
 
-const URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-const STD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+use base64::alphabet;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::DecodePaddingMode;
+use base64::Engine as _;
+
+/// URL-safe base64 without padding, strict: padding, characters outside the
+/// alphabet (whitespace included) and non-zero trailing bits are refused.
+pub const URL: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::URL_SAFE,
+    GeneralPurposeConfig::new()
+        .with_encode_padding(false)
+        .with_decode_padding_mode(DecodePaddingMode::RequireNone)
+        .with_decode_allow_trailing_bits(false),
+);
+
+/// Standard base64 with `=` padding (HTTP Basic credentials).
+pub const STD: GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// URL-safe base64 without padding.
 pub fn encode_url(data: &[u8]) -> String {
-    encode(data, URL, false)
+    URL.encode(data)
 }
 
 /// Standard base64 with `=` padding.
 pub fn encode_std(data: &[u8]) -> String {
-    encode(data, STD, true)
-}
-
-fn encode(data: &[u8], alphabet: &[u8; 64], pad: bool) -> String {
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        let chars = chunk.len() + 1;
-        for i in 0..4 {
-            if i < chars {
-                out.push(char::from(alphabet[((n >> (18 - 6 * i)) & 0x3f) as usize]));
-            } else if pad {
-                out.push('=');
-            }
-        }
-    }
-    out
+    STD.encode(data)
 }
 
 /// Strict URL-safe base64 without padding: `None` on any other character,
 /// an impossible length, or non-zero trailing bits.
 pub fn decode_url(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 4 == 1 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    let mut buffer: u32 = 0;
-    let mut bits = 0u32;
-    for c in text.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'-' => 62,
-            b'_' => 63,
-            _ => return None,
-        };
-        buffer = ((buffer << 6) | u32::from(v)) & 0xff_ffff;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push(((buffer >> bits) & 0xff) as u8);
-        }
-    }
-    if buffer & ((1 << bits) - 1) != 0 {
-        return None;
-    }
-    Some(out)
+    URL.decode(text).ok()
 }
 
 #[cfg(test)]
@@ -102,13 +72,28 @@ mod tests {
     #[test]
     fn strict_decoding_refuses_non_canonical_text() {
         assert_eq!(decode_url("Zg=="), None, "padding");
+        assert_eq!(decode_url("Zg="), None, "partial padding");
         assert_eq!(decode_url("+/+/"), None, "standard alphabet");
         assert_eq!(decode_url("Zh"), None, "non-zero trailing bits");
+        assert_eq!(decode_url("Zm9vYmFz"), Some(b"foobas".to_vec()));
+        assert_eq!(decode_url("Zm9vYmF"), None, "non-zero trailing bits");
         assert_eq!(decode_url("Zm9vY"), None, "impossible length");
         assert_eq!(decode_url("Zm 9v"), None, "whitespace");
+        assert_eq!(decode_url("Zm9v\n"), None, "trailing newline");
+        assert_eq!(decode_url(" Zm9v"), None, "leading space");
         // The JWT header {"alg":"none"} round trips.
         let h = encode_url(br#"{"alg":"none"}"#);
         assert_eq!(h, "eyJhbGciOiJub25lIn0");
         assert_eq!(decode_url(&h).as_deref(), Some(&br#"{"alg":"none"}"#[..]));
+    }
+
+    #[test]
+    fn url_decoding_round_trips_every_length() {
+        let data: Vec<u8> = (0..=255u8).collect();
+        for n in 0..data.len() {
+            let text = encode_url(&data[..n]);
+            assert!(!text.contains('='), "{text}");
+            assert_eq!(decode_url(&text).as_deref(), Some(&data[..n]), "{n} bytes");
+        }
     }
 }

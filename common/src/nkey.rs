@@ -1,25 +1,21 @@
-//! NATS nkeys as text: the encoding of Ed25519 public keys and seeds that
-//! nats-server configs and NATS JWTs use (no cryptography here; signing lives
-//! in `fleet-auth-callout`).
+//! NATS nkeys as text, through the `nkeys` crate: typed wrappers that say
+//! which kind of key a text is and why one is refused.
 //!
-//! A public key is base32 (RFC 4648 alphabet, no padding) of one prefix byte
-//! naming its kind (`A` account, `N` server, `U` user, ...), the 32 key bytes
-//! and a CRC-16/XMODEM of those 33 bytes, little-endian: 56 characters. A seed
-//! is base32 of two prefix bytes (the seed marker `S` and the kind spread over
-//! both), the 32 seed bytes and the CRC: 58 characters starting `S<kind>`.
-//! Decoding is strict: only upper-case base32, zero trailing bits, a matching
-//! checksum and a known kind.
+//! A public key is 56 characters, a seed 58 starting `S<kind>`; the crate
+//! decodes them (upper-case base32 without padding, CRC-16 checksum, a known
+//! prefix). On top of it, a key must be of the kind asked for, and a seed is
+//! accepted only as its canonical text (the crate maps a seed of an unknown
+//! kind to an operator seed; re-encoding tells them apart).
 
 use std::fmt;
+
+use nkeys::error::ErrorKind;
+use nkeys::{KeyPair, KeyPairType};
 
 /// Characters of an encoded public key.
 pub const PUBLIC_KEY_CHARS: usize = 56;
 /// Characters of an encoded seed.
 pub const SEED_CHARS: usize = 58;
-
-/// The prefix byte of a seed (`S` once encoded).
-const SEED_PREFIX: u8 = 18 << 3;
-const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
 
 /// What an nkey is for, as its first letter tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,34 +25,24 @@ pub enum NkeyKind {
     Server,
     Cluster,
     User,
+    Module,
+    Service,
     /// An x25519 key (`X`), used by the callout's optional encryption.
     Curve,
 }
 
 impl NkeyKind {
-    const ALL: [NkeyKind; 6] = [
+    /// Every kind the `nkeys` crate knows.
+    pub const ALL: [NkeyKind; 8] = [
         Self::Operator,
         Self::Account,
         Self::Server,
         Self::Cluster,
         Self::User,
+        Self::Module,
+        Self::Service,
         Self::Curve,
     ];
-
-    fn prefix_byte(self) -> u8 {
-        match self {
-            Self::Operator => 14 << 3,
-            Self::Account => 0,
-            Self::Server => 13 << 3,
-            Self::Cluster => 2 << 3,
-            Self::User => 20 << 3,
-            Self::Curve => 23 << 3,
-        }
-    }
-
-    fn from_prefix_byte(b: u8) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.prefix_byte() == b)
-    }
 
     /// The first letter of its public keys.
     pub fn letter(self) -> char {
@@ -66,6 +52,8 @@ impl NkeyKind {
             Self::Server => 'N',
             Self::Cluster => 'C',
             Self::User => 'U',
+            Self::Module => 'M',
+            Self::Service => 'V',
             Self::Curve => 'X',
         }
     }
@@ -77,7 +65,36 @@ impl NkeyKind {
             Self::Server => "server",
             Self::Cluster => "cluster",
             Self::User => "user",
+            Self::Module => "module",
+            Self::Service => "service",
             Self::Curve => "curve (xkey)",
+        }
+    }
+
+    /// The `nkeys` crate's name for it.
+    pub fn pair_type(self) -> KeyPairType {
+        match self {
+            Self::Operator => KeyPairType::Operator,
+            Self::Account => KeyPairType::Account,
+            Self::Server => KeyPairType::Server,
+            Self::Cluster => KeyPairType::Cluster,
+            Self::User => KeyPairType::User,
+            Self::Module => KeyPairType::Module,
+            Self::Service => KeyPairType::Service,
+            Self::Curve => KeyPairType::Curve,
+        }
+    }
+
+    fn of(t: &KeyPairType) -> Self {
+        match t {
+            KeyPairType::Operator => Self::Operator,
+            KeyPairType::Account => Self::Account,
+            KeyPairType::Server => Self::Server,
+            KeyPairType::Cluster => Self::Cluster,
+            KeyPairType::User => Self::User,
+            KeyPairType::Module => Self::Module,
+            KeyPairType::Service => Self::Service,
+            KeyPairType::Curve => Self::Curve,
         }
     }
 }
@@ -106,6 +123,23 @@ pub enum NkeyError {
         expected: NkeyKind,
         found: NkeyKind,
     },
+}
+
+impl NkeyError {
+    /// Ours for the `nkeys` crate's refusal of `text`.
+    fn from_crate(e: &nkeys::error::Error, what: &'static str, text: &str) -> Self {
+        match e.kind() {
+            ErrorKind::InvalidKeyLength => Self::Length {
+                what,
+                chars: text.chars().count(),
+            },
+            ErrorKind::ChecksumFailure => Self::Checksum { what },
+            ErrorKind::InvalidPrefix => Self::UnknownPrefix { what },
+            // CodecFailure: not base32 (and nothing else the decoding of a
+            // key of the right length reports).
+            _ => Self::Base32 { what },
+        }
+    }
 }
 
 impl fmt::Display for NkeyError {
@@ -151,33 +185,25 @@ impl fmt::Display for NkeyError {
 
 impl std::error::Error for NkeyError {}
 
-/// A public nkey of a known kind.
+/// A public nkey of a known kind, as its validated text.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PublicNkey {
     kind: NkeyKind,
-    key: [u8; 32],
+    text: String,
 }
 
 impl PublicNkey {
-    pub fn new(kind: NkeyKind, key: [u8; 32]) -> Self {
-        Self { kind, key }
-    }
-
     /// Any kind of public key.
     pub fn parse(text: &str) -> Result<Self, NkeyError> {
         const WHAT: &str = "public key";
-        if text.len() != PUBLIC_KEY_CHARS {
-            return Err(NkeyError::Length {
-                what: WHAT,
-                chars: text.chars().count(),
-            });
-        }
-        let raw = decode_checked(text, WHAT)?;
-        let kind =
-            NkeyKind::from_prefix_byte(raw[0]).ok_or(NkeyError::UnknownPrefix { what: WHAT })?;
-        let mut key = [0u8; 32];
-        key.copy_from_slice(&raw[1..33]);
-        Ok(Self { kind, key })
+        let (prefix, _) =
+            nkeys::from_public_key(text).map_err(|e| NkeyError::from_crate(&e, WHAT, text))?;
+        // The crate refused any prefix but a public key's, so this is exact.
+        let kind = NkeyKind::of(&KeyPairType::from(prefix));
+        Ok(Self {
+            kind,
+            text: text.to_owned(),
+        })
     }
 
     /// A public key of kind `expected`.
@@ -193,107 +219,112 @@ impl PublicNkey {
         Ok(k)
     }
 
+    /// The public key of `pair`.
+    pub fn of(pair: &KeyPair) -> Self {
+        Self {
+            kind: NkeyKind::of(&pair.key_pair_type()),
+            text: pair.public_key(),
+        }
+    }
+
     pub fn kind(&self) -> NkeyKind {
         self.kind
     }
 
-    /// The raw Ed25519 (or x25519) public key.
-    pub fn key(&self) -> &[u8; 32] {
-        &self.key
+    pub fn as_str(&self) -> &str {
+        &self.text
     }
 
     pub fn encode(&self) -> String {
-        let mut raw = Vec::with_capacity(35);
-        raw.push(self.kind.prefix_byte());
-        raw.extend_from_slice(&self.key);
-        push_crc(&mut raw);
-        base32_encode(&raw)
+        self.text.clone()
     }
 }
 
 impl fmt::Display for PublicNkey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.encode())
+        f.write_str(&self.text)
     }
 }
 
 impl fmt::Debug for PublicNkey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PublicNkey({})", self.encode())
+        write!(f, "PublicNkey({})", self.text)
     }
 }
 
-/// A seed: the private half of an nkey. `Debug` does not show it and there is
-/// no `Display`; [`NkeySeed::encode`] is for writing a new seed file only.
-#[derive(Clone, PartialEq, Eq)]
+/// A seed: the private half of an nkey, as the crate's key pair. `Debug`
+/// does not show it and there is no `Display`; [`NkeySeed::encode`] is for
+/// writing a new seed file only.
+#[derive(Clone)]
 pub struct NkeySeed {
     kind: NkeyKind,
-    seed: [u8; 32],
+    pair: KeyPair,
+    text: String,
 }
 
 impl NkeySeed {
-    pub fn new(kind: NkeyKind, seed: [u8; 32]) -> Self {
-        Self { kind, seed }
+    /// A fresh seed of `kind` from the crate's generator (the operating
+    /// system's randomness through `rand`).
+    pub fn generate(kind: NkeyKind) -> Result<Self, NkeyError> {
+        let pair = KeyPair::new(kind.pair_type());
+        let text = pair
+            .seed()
+            .map_err(|e| NkeyError::from_crate(&e, "seed", ""))?;
+        Ok(Self { kind, pair, text })
     }
 
     /// A seed of any kind.
     pub fn parse(text: &str) -> Result<Self, NkeyError> {
         const WHAT: &str = "seed";
-        if text.len() != SEED_CHARS {
-            return Err(NkeyError::Length {
-                what: WHAT,
-                chars: text.chars().count(),
-            });
-        }
-        let raw = decode_checked(text, WHAT)?;
-        if raw[0] & 0xf8 != SEED_PREFIX {
+        let pair = KeyPair::from_seed(text).map_err(|e| NkeyError::from_crate(&e, WHAT, text))?;
+        // An unknown kind decodes as an operator seed, and the bits below a
+        // kind's prefix are not checked: only the canonical text is a seed.
+        if pair.seed().ok().as_deref() != Some(text) {
             return Err(NkeyError::UnknownPrefix { what: WHAT });
         }
-        // The kind's prefix byte is spread over two bytes: its high 3 bits
-        // in the low bits of the first, its low 5 bits in the high bits of
-        // the second (whose low 3 bits are zero).
-        let prefix = ((raw[0] & 0x07) << 5) | (raw[1] >> 3);
-        if raw[1] & 0x07 != 0 {
-            return Err(NkeyError::UnknownPrefix { what: WHAT });
-        }
-        let kind =
-            NkeyKind::from_prefix_byte(prefix).ok_or(NkeyError::UnknownPrefix { what: WHAT })?;
-        let mut seed = [0u8; 32];
-        seed.copy_from_slice(&raw[2..34]);
-        Ok(Self { kind, seed })
+        Ok(Self {
+            kind: NkeyKind::of(&pair.key_pair_type()),
+            pair,
+            text: text.to_owned(),
+        })
     }
 
     /// A seed of kind `expected`.
     pub fn parse_kind(text: &str, expected: NkeyKind) -> Result<Self, NkeyError> {
         let s = Self::parse(text)?;
-        if s.kind != expected {
+        s.expect_kind(expected)?;
+        Ok(s)
+    }
+
+    /// Refuses a seed of another kind than `expected`.
+    pub fn expect_kind(&self, expected: NkeyKind) -> Result<(), NkeyError> {
+        if self.kind != expected {
             return Err(NkeyError::WrongKind {
                 what: "seed",
                 expected,
-                found: s.kind,
+                found: self.kind,
             });
         }
-        Ok(s)
+        Ok(())
     }
 
     pub fn kind(&self) -> NkeyKind {
         self.kind
     }
 
-    /// The raw 32-byte Ed25519 seed.
-    pub fn seed_bytes(&self) -> &[u8; 32] {
-        &self.seed
+    /// The key pair, to sign with.
+    pub fn key_pair(&self) -> &KeyPair {
+        &self.pair
+    }
+
+    /// Its public key.
+    pub fn public_key(&self) -> PublicNkey {
+        PublicNkey::of(&self.pair)
     }
 
     /// The seed as text (`S` + kind letter + ...), for a new seed file.
     pub fn encode(&self) -> String {
-        let p = self.kind.prefix_byte();
-        let mut raw = Vec::with_capacity(36);
-        raw.push(SEED_PREFIX | (p >> 5));
-        raw.push((p & 0x1f) << 3);
-        raw.extend_from_slice(&self.seed);
-        push_crc(&mut raw);
-        base32_encode(&raw)
+        self.text.clone()
     }
 }
 
@@ -301,93 +332,6 @@ impl fmt::Debug for NkeySeed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "NkeySeed({}, <redacted>)", self.kind.name())
     }
-}
-
-/// Base32-decodes `text` and checks and strips its CRC.
-fn decode_checked(text: &str, what: &'static str) -> Result<Vec<u8>, NkeyError> {
-    let mut raw = base32_decode(text).ok_or(NkeyError::Base32 { what })?;
-    if raw.len() < 3 {
-        return Err(NkeyError::Base32 { what });
-    }
-    let n = raw.len() - 2;
-    let crc = u16::from_le_bytes([raw[n], raw[n + 1]]);
-    raw.truncate(n);
-    if crc16(&raw) != crc {
-        return Err(NkeyError::Checksum { what });
-    }
-    Ok(raw)
-}
-
-fn push_crc(raw: &mut Vec<u8>) {
-    let crc = crc16(raw);
-    raw.extend_from_slice(&crc.to_le_bytes());
-}
-
-/// CRC-16/XMODEM (polynomial 0x1021, initial value 0, no reflection), the
-/// checksum of nkeys.
-pub fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-/// RFC 4648 base32, upper case, no padding.
-pub fn base32_encode(data: &[u8]) -> String {
-    let mut out = String::with_capacity(data.len().div_ceil(5) * 8);
-    let mut buffer: u32 = 0;
-    let mut bits = 0u32;
-    for &b in data {
-        buffer = (buffer << 8) | u32::from(b);
-        bits += 8;
-        while bits >= 5 {
-            bits -= 5;
-            out.push(char::from(ALPHABET[((buffer >> bits) & 0x1f) as usize]));
-        }
-    }
-    if bits > 0 {
-        out.push(char::from(
-            ALPHABET[((buffer << (5 - bits)) & 0x1f) as usize],
-        ));
-    }
-    out
-}
-
-/// Strict RFC 4648 base32 without padding: `None` on a character outside
-/// the alphabet, an impossible length, or non-zero trailing bits.
-pub fn base32_decode(text: &str) -> Option<Vec<u8>> {
-    // 8 characters carry 5 bytes; a final group of 1, 3 or 6 is impossible.
-    if matches!(text.len() % 8, 1 | 3 | 6) {
-        return None;
-    }
-    let mut out = Vec::with_capacity(text.len() * 5 / 8);
-    let mut buffer: u32 = 0;
-    let mut bits = 0u32;
-    for c in text.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'2'..=b'7' => c - b'2' + 26,
-            _ => return None,
-        };
-        buffer = (buffer << 5) | u32::from(v);
-        bits += 5;
-        if bits >= 8 {
-            bits -= 8;
-            out.push(((buffer >> bits) & 0xff) as u8);
-        }
-    }
-    if buffer & ((1 << bits) - 1) != 0 {
-        return None;
-    }
-    Some(out)
 }
 
 #[cfg(test)]
@@ -399,36 +343,11 @@ mod tests {
     const ACCOUNT: &str = "ACODERUVFFAWZQDSS6SBIACUA5O6SXF7HJ3YTYXBALHZP3P7R4BUO4J2";
 
     #[test]
-    fn crc16_matches_the_xmodem_check_value() {
-        assert_eq!(crc16(b"123456789"), 0x31c3);
-        assert_eq!(crc16(b""), 0);
-    }
-
-    #[test]
-    fn base32_matches_rfc4648_vectors() {
-        for (plain, enc) in [
-            ("", ""),
-            ("f", "MY"),
-            ("fo", "MZXQ"),
-            ("foo", "MZXW6"),
-            ("foob", "MZXW6YQ"),
-            ("fooba", "MZXW6YTB"),
-            ("foobar", "MZXW6YTBOI"),
-        ] {
-            assert_eq!(base32_encode(plain.as_bytes()), enc);
-            assert_eq!(base32_decode(enc).as_deref(), Some(plain.as_bytes()));
-        }
-        assert_eq!(base32_decode("MZXW6YTBO"), None, "impossible length");
-        assert_eq!(base32_decode("mzxw6"), None, "lower case");
-        assert_eq!(base32_decode("MZ"), None, "non-zero trailing bits");
-        assert_eq!(base32_decode("MZXW6===").as_deref(), None, "padding");
-    }
-
-    #[test]
     fn published_seed_and_public_key_decode_and_reencode() {
         let seed = NkeySeed::parse_kind(SEED, NkeyKind::Account).expect("seed");
         assert_eq!(seed.kind(), NkeyKind::Account);
         assert_eq!(seed.encode(), SEED);
+        assert_eq!(seed.public_key().as_str(), ACCOUNT);
         let public = PublicNkey::parse_kind(ACCOUNT, NkeyKind::Account).expect("public");
         assert_eq!(public.encode(), ACCOUNT);
         assert_eq!(public.to_string(), ACCOUNT);
@@ -438,18 +357,48 @@ mod tests {
     #[test]
     fn every_kind_round_trips_with_its_letter() {
         for kind in NkeyKind::ALL {
-            let p = PublicNkey::new(kind, [7u8; 32]);
-            let text = p.encode();
-            assert_eq!(text.len(), PUBLIC_KEY_CHARS);
-            assert!(text.starts_with(kind.letter()), "{kind:?} {text}");
-            assert_eq!(PublicNkey::parse(&text), Ok(p));
-            let s = NkeySeed::new(kind, [9u8; 32]);
+            let s = NkeySeed::generate(kind).expect("seed");
             let text = s.encode();
             assert_eq!(text.len(), SEED_CHARS);
             assert!(text.starts_with('S'));
             assert_eq!(text.chars().nth(1), Some(kind.letter()), "{kind:?} {text}");
-            assert_eq!(NkeySeed::parse(&text), Ok(s));
+            let back = NkeySeed::parse(&text).expect("parses");
+            assert_eq!((back.kind(), back.encode()), (kind, text));
+            let p = s.public_key();
+            let text = p.encode();
+            assert_eq!(text.len(), PUBLIC_KEY_CHARS);
+            assert!(text.starts_with(kind.letter()), "{kind:?} {text}");
+            assert_eq!(p.kind(), kind);
+            assert_eq!(PublicNkey::parse(&text), Ok(p));
         }
+    }
+
+    #[test]
+    fn texts_the_crate_decodes_but_are_no_nkey_are_refused() {
+        // Built outside (prefix bytes, 32 bytes of 9, CRC-16/XMODEM, base32),
+        // each with a correct checksum:
+        // a seed of the unknown kind 25 << 3, which the crate decodes as an
+        // operator seed;
+        let unknown_seed = "SZAASCIJBEEQSCIJBEEQSCIJBEEQSCIJBEEQSCIJBEEQSCIJBEEQSCII4Q";
+        // an account seed with bits set below its kind;
+        let stray_bits = "SAAQSCIJBEEQSCIJBEEQSCIJBEEQSCIJBEEQSCIJBEEQSCIJBEEQSCLIOI";
+        // a public key of the unknown kind 25 << 3.
+        let unknown_public = "ZAEQSCIJBEEQSCIJBEEQSCIJBEEQSCIJBEEQSCIJBEEQSCIJBEEQSIE4";
+        for seed in [unknown_seed, stray_bits] {
+            assert!(
+                nkeys::KeyPair::from_seed(seed).is_ok(),
+                "the crate decodes it"
+            );
+            assert_eq!(
+                NkeySeed::parse(seed).map(|_| ()),
+                Err(NkeyError::UnknownPrefix { what: "seed" }),
+                "{seed}"
+            );
+        }
+        assert_eq!(
+            PublicNkey::parse(unknown_public),
+            Err(NkeyError::UnknownPrefix { what: "public key" })
+        );
     }
 
     #[test]
@@ -475,6 +424,18 @@ mod tests {
             "wrong nkey public key: a account key (starting A), expected a user key (starting U)"
         );
         assert_eq!(
+            PublicNkey::parse(&ACCOUNT.to_lowercase()).map(|_| ()),
+            Err(NkeyError::Base32 { what: "public key" })
+        );
+        // A seed is not a public key.
+        assert_eq!(
+            PublicNkey::parse(SEED).map(|_| ()),
+            Err(NkeyError::Length {
+                what: "public key",
+                chars: 58
+            })
+        );
+        assert_eq!(
             NkeySeed::parse(ACCOUNT).map(|_| ()),
             Err(NkeyError::Length {
                 what: "seed",
@@ -493,6 +454,14 @@ mod tests {
                 expected: NkeyKind::User,
                 found: NkeyKind::Account
             })
+        );
+        // Non-zero trailing bits (58 characters carry 2 spare bits): the
+        // last character of the published seed is `4` (value 28).
+        let mut trailing = SEED.to_owned();
+        trailing.replace_range(57..58, "5");
+        assert_eq!(
+            NkeySeed::parse(&trailing).map(|_| ()),
+            Err(NkeyError::Base32 { what: "seed" })
         );
     }
 }

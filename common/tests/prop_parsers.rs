@@ -325,8 +325,12 @@ fn state_files() {
 
 #[test]
 fn nkeys() {
-    let public = PublicNkey::new(NkeyKind::Account, [7; 32]).encode();
-    let seed = NkeySeed::new(NkeyKind::Account, [9; 32]).encode();
+    // Published pair from the nkeys test suite.
+    let seed = "SAAPN4W3EG6KCJGUQTKTJ5GSB5NHK5CHAJL4DBGFUM3HHROI4XUEP4OBK4".to_owned();
+    let public = NkeySeed::parse_kind(&seed, NkeyKind::Account)
+        .expect("published seed")
+        .public_key()
+        .encode();
     let parse = |b: &[u8]| {
         std::str::from_utf8(b)
             .map_err(|_| ())
