@@ -494,67 +494,50 @@ fn a_device_admitted_by_the_callout_is_named_by_its_issued_user() {
 }
 
 /// A link cut without a FIN or a reset (every packet dropped in the
-/// device's network namespace, as a dead cellular link): presence says
-/// `online` until the server's pings go unanswered, then `offline`; the
-/// agent's own pings find the link dead, and once the link works again it
-/// connects again and is `online` on a new connection. The server's and
+/// device's network namespace, as a dead cellular link), on a 3-node
+/// cluster: presence says `online` until the server's pings go unanswered,
+/// then `offline`; the agent's own pings find the link dead, and once the
+/// link works again it connects again and is `online` on a new connection. The server's and
 /// the agent's ping intervals are 2 s here instead of 240 s and 200 s
 /// (docs/operator/traffic.md), so that the bound is seconds, not minutes.
 /// `fleetctl watch` prints each connection opened and closed, with the
 /// server's reason.
 #[test]
 fn a_link_cut_without_a_fin_is_offline_once_the_pings_fail_and_the_agent_comes_back() {
+    let _one = CLUSTERS.lock().unwrap_or_else(|e| e.into_inner());
     let ns = fleet_harness::NetNs::new();
-    let password = fleet_harness::device_password("dev-a");
-    let server = fleet_harness::NatsServer::start_with_config(NatsVersion::V2_14, |port, store| {
-        let text = fleet_harness::fleet_server_config(
-            &[("dev-a", password.as_str())],
-            fleet_harness::NATS_ADMIN_PASSWORD,
-            port,
-            store,
-        );
-        let listen = format!("listen: \"127.0.0.1:{port}\"");
-        let ping = format!(
-            "ping_interval: \"{}s\"",
-            fleet_common::limits::SERVER_PING_INTERVAL.as_secs()
-        );
-        assert!(text.contains(&listen) && text.contains(&ping), "{text}");
-        text.replace(&listen, &format!("listen: \"0.0.0.0:{port}\""))
-            .replace(&ping, "ping_interval: \"2s\"")
-    });
+    let cluster = NatsCluster::start_fleet_with(
+        NatsVersion::V2_9,
+        &["dev-a"],
+        &fleet_harness::ClusterOptions {
+            listen_any: true,
+            ping_interval: Some(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    );
     let work = tempfile::tempdir().expect("tempdir");
     let pw = work.path().join("admin-password");
     std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("pw");
-    let status = || {
-        let out = Command::new(bin_path("fleetctl"))
-            .args([
-                "status",
-                "--json",
-                "--server",
-                &server.url(),
-                "--password-file",
-            ])
-            .arg(&pw)
-            .env_remove("FLEET_NATS_URL")
-            .env_remove("FLEET_NATS_PASSWORD_FILE")
-            .output()
-            .expect("run fleetctl");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")
-    };
+    let status = || poll_until("a status read", SHOWN, || status(&cluster, &pw));
     let mut watch = Command::new(bin_path("fleetctl"));
+    watch.arg("watch");
+    for url in cluster.urls() {
+        watch.args(["--server", &url]);
+    }
     watch
-        .args(["watch", "--server", &server.url(), "--password-file"])
+        .arg("--password-file")
         .arg(&pw)
         .env_remove("FLEET_NATS_URL")
         .env_remove("FLEET_NATS_PASSWORD_FILE");
     let watch = ChildGuard::spawn(watch, "fleetctl-watch");
     watch.wait_for_line("watching fleet-status and device connections", CONVERGE);
-    let mut s = Settings::new(vec![format!("nats://{}:{}", ns.host_addr(), server.port())]);
+    // The device lists every node, at the host's end of its link.
+    let servers = cluster
+        .client_addrs()
+        .iter()
+        .map(|a| format!("nats://{}:{}", ns.host_addr(), a.port()))
+        .collect();
+    let mut s = Settings::new(servers);
     s.podman = false;
     s.ping_secs = 2;
     let a = Device::new("dev-a", &s, None);

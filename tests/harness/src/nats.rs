@@ -460,6 +460,43 @@ pub struct ClusterOptions {
     /// Each node serves Go's `/debug/pprof` on a loopback port
     /// ([`NatsCluster::profile_addr`]): where a node's memory goes.
     pub profiling: bool,
+    /// Clients are served on every address (`0.0.0.0`), not only loopback:
+    /// a device in a [`NetNs`](crate::NetNs) reaches node `i` at the
+    /// namespace's host address and the port of its
+    /// [`NatsCluster::client_addrs`].
+    pub listen_any: bool,
+    /// The servers' `ping_interval` instead of the generated config's
+    /// (`limits::SERVER_PING_INTERVAL`): a silent link found in seconds.
+    pub ping_interval: Option<Duration>,
+}
+
+/// The generated config of a node with [`ClusterOptions::listen_any`] and
+/// [`ClusterOptions::ping_interval`] applied.
+fn adjust_config(text: &str, port: u16, options: &ClusterOptions) -> String {
+    let mut text = text.to_owned();
+    let mut swap = |from: String, to: String| {
+        assert!(
+            text.contains(&from),
+            "no {from:?} in the generated config:\n{text}"
+        );
+        text = text.replace(&from, &to);
+    };
+    if options.listen_any {
+        swap(
+            format!("listen: \"127.0.0.1:{port}\""),
+            format!("listen: \"0.0.0.0:{port}\""),
+        );
+    }
+    if let Some(ping) = options.ping_interval {
+        swap(
+            format!(
+                "ping_interval: \"{}s\"",
+                fleet_common::limits::SERVER_PING_INTERVAL.as_secs()
+            ),
+            format!("ping_interval: \"{}s\"", ping.as_secs().max(1)),
+        );
+    }
+    text
 }
 
 /// Nodes in a [`NatsCluster`].
@@ -524,22 +561,21 @@ impl NatsCluster {
                 if let Some(n) = options.max_connections {
                     extra.push_str(&format!("max_connections: {n}\n"));
                 }
-                write_file(
-                    &config,
-                    &(static_server_config(&StaticServerConfig {
-                        listen: SocketAddr::from(([127, 0, 0, 1], client[i])),
-                        server_name: Some(format!("n{i}")),
-                        store_dir: base.join(format!("n{i}")),
-                        admin_password: NATS_ADMIN_PASSWORD.to_owned(),
-                        devices: device_list(&creds),
-                        cluster: Some(ClusterConfig {
-                            name: "fleet-test".to_owned(),
-                            listen: routes[i],
-                            routes: routes.clone(),
-                        }),
-                        protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
-                    }) + &extra),
-                );
+                let text = static_server_config(&StaticServerConfig {
+                    listen: SocketAddr::from(([127, 0, 0, 1], client[i])),
+                    server_name: Some(format!("n{i}")),
+                    store_dir: base.join(format!("n{i}")),
+                    admin_password: NATS_ADMIN_PASSWORD.to_owned(),
+                    devices: device_list(&creds),
+                    cluster: Some(ClusterConfig {
+                        name: "fleet-test".to_owned(),
+                        listen: routes[i],
+                        routes: routes.clone(),
+                    }),
+                    protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
+                });
+                let text = adjust_config(&text, client[i], options);
+                write_file(&config, &(text + &extra));
                 let cmd = server_command(v, &["-c", &config.to_string_lossy()]);
                 match spawn_server(cmd, &format!("nats-{v:?}-n{i}"), true) {
                     Ok((child, _)) => nodes.push(Some(child)),
