@@ -222,6 +222,7 @@ fn measure(generation: Generation, n: usize, window: Duration, version: NatsVers
             max_connections: Some(n + 10_000),
             profiling: true,
             lame_duck: Some(LAME_DUCK),
+            ..ClusterOptions::default()
         },
     );
     let nodes = cluster.node_count();
@@ -355,6 +356,7 @@ fn steady(n: usize, window: Duration, version: NatsVersion, agent_0_2: bool) -> 
             max_connections: Some(n + 10_000),
             profiling: false,
             lame_duck: None,
+            ..ClusterOptions::default()
         },
     );
     let nodes = cluster.node_count();
