@@ -8,6 +8,8 @@ use serde::Deserialize;
 
 /// Header JetStream sets on KV delete and purge markers (`DEL`, `PURGE`).
 pub const HEADER_KV_OPERATION: &str = "KV-Operation";
+/// The [`HEADER_KV_OPERATION`] value of a key's deletion (its history kept).
+pub const KV_OPERATION_DELETE: &str = "DEL";
 /// Header carrying a status line (`100` heartbeat or flow control, `503`).
 pub const HEADER_STATUS: &str = "Status";
 /// Header of a compare-and-set write: the subject's last sequence must be
@@ -25,7 +27,7 @@ pub const HEADER_SUBJECT: &str = "Nats-Subject";
 
 /// Whether a `KV-Operation` header value marks a deleted key.
 pub fn is_kv_delete(operation: Option<&str>) -> bool {
-    matches!(operation, Some("DEL") | Some("PURGE"))
+    matches!(operation, Some(KV_OPERATION_DELETE) | Some("PURGE"))
 }
 
 /// An `error` object of any JetStream API response.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use fleet_common::jetstream::{
     is_kv_delete, nanos, AckInfo, ConsumerCreateResponse, PubAckResponse, ERR_WRONG_LAST_SEQUENCE,
-    HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE, HEADER_KV_OPERATION, HEADER_STATUS,
+    HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE, HEADER_KV_OPERATION, HEADER_STATUS, KV_OPERATION_DELETE,
 };
 use fleet_common::limits::CONSUMER_CREATE_WAITS;
 use fleet_common::subjects::{kv_subject, stream_name};
@@ -341,7 +341,7 @@ pub fn cas_put_all(
     bucket: &str,
     writes: &[CasWrite],
 ) -> Result<Vec<CasOutcome>, CtlError> {
-    put_pipelined(conn, bucket, writes, true)
+    put_pipelined(conn, bucket, writes, Check::Sequence)
 }
 
 /// Writes every `writes[i]` to `bucket` whatever its sequence
@@ -351,15 +351,47 @@ pub fn put_all(
     bucket: &str,
     writes: &[CasWrite],
 ) -> Result<Vec<CasOutcome>, CtlError> {
-    put_pipelined(conn, bucket, writes, false)
+    put_pipelined(conn, bucket, writes, Check::None)
+}
+
+/// Deletes every `keys[i]` of `bucket` (a `KV-Operation: DEL` marker, as
+/// the KV helpers write), pipelined as [`cas_put_all`].
+pub fn delete_all(
+    conn: &nats::Connection,
+    bucket: &str,
+    keys: &[String],
+) -> Result<Vec<CasOutcome>, CtlError> {
+    let writes: Vec<CasWrite> = keys
+        .iter()
+        .map(|k| CasWrite {
+            key: k.clone(),
+            value: Vec::new(),
+            expected_seq: 0,
+        })
+        .collect();
+    put_pipelined(conn, bucket, &writes, Check::Delete)
+}
+
+/// What [`put_pipelined`] sends beside each value.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// Nothing: the write happens whatever the key's sequence.
+    None,
+    /// `Nats-Expected-Last-Subject-Sequence`: compare-and-set.
+    Sequence,
+    /// A deletion marker (the value is empty).
+    Delete,
 }
 
 fn put_pipelined(
     conn: &nats::Connection,
     bucket: &str,
     writes: &[CasWrite],
-    check_seq: bool,
+    check: Check,
 ) -> Result<Vec<CasOutcome>, CtlError> {
+    if writes.is_empty() {
+        return Ok(Vec::new());
+    }
     let what = || format!("writing {} keys of {bucket}", writes.len());
     let inbox = conn.new_inbox();
     let sub = conn
@@ -398,11 +430,17 @@ fn put_pipelined(
         while sent < writes.len() && sent - answered < MAX_IN_FLIGHT {
             let w = &writes[sent];
             let mut headers = nats::header::HeaderMap::new();
-            if check_seq {
-                headers.insert(
-                    HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE,
-                    w.expected_seq.to_string(),
-                );
+            match check {
+                Check::None => {}
+                Check::Sequence => {
+                    headers.insert(
+                        HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                        w.expected_seq.to_string(),
+                    );
+                }
+                Check::Delete => {
+                    headers.insert(HEADER_KV_OPERATION, KV_OPERATION_DELETE.to_owned());
+                }
             }
             conn.publish_with_reply_or_headers(
                 &kv_subject(bucket, &w.key),

@@ -547,7 +547,11 @@ pub fn undo(conn: &nats::Connection, id: &str) -> Result<Undo, CtlError> {
         });
     }
     let outcomes = cas_docs(conn, writes.iter())?;
-    let legacy = legacy_store(conn)?;
+    let legacy = legacy_store(conn)?.is_some();
+    // The legacy keys of the devices put back, written after them in one
+    // pipelined batch each (agents 0.1.0 read them).
+    let mut legacy_puts: Vec<CasWrite> = Vec::new();
+    let mut legacy_deletes: Vec<String> = Vec::new();
     let mut put_back = 0usize;
     for (s, o) in writes.iter().zip(outcomes) {
         let what = match &s.previous {
@@ -557,22 +561,21 @@ pub fn undo(conn: &nats::Connection, id: &str) -> Result<Undo, CtlError> {
         let line = match o {
             CasOutcome::Written { seq } => {
                 put_back += 1;
-                if let Some(legacy) = &legacy {
+                if legacy {
                     let key = desired_key(&s.device, &target.workload);
                     let spec = match &s.previous {
                         PreviousSpec::Spec(h) => target.previous.spec(h),
                         _ => None,
                     };
-                    let r = match spec {
-                        Some(spec) => legacy
-                            .put(&key, serde_json::to_vec(spec).unwrap_or_default())
-                            .map(|_| ()),
-                        None => legacy.delete(&key),
-                    };
-                    r.map_err(CtlError::nats(format!(
-                        "writing {} {key} (for agents 0.1.0)",
-                        fleet_common::subjects::BUCKET_DESIRED
-                    )))?;
+                    match spec {
+                        Some(spec) => legacy_puts.push(CasWrite {
+                            key,
+                            value: serde_json::to_vec(spec)
+                                .map_err(|e| CtlError::Input(e.to_string()))?,
+                            expected_seq: 0,
+                        }),
+                        None => legacy_deletes.push(key),
+                    }
                 }
                 format!("{}: put back: {what} (revision {seq})", s.device)
             }
@@ -592,6 +595,18 @@ pub fn undo(conn: &nats::Connection, id: &str) -> Result<Undo, CtlError> {
             }
         };
         lines.insert(s.device.clone(), line);
+    }
+    let bucket = fleet_common::subjects::BUCKET_DESIRED;
+    let puts = js::put_all(conn, bucket, &legacy_puts)?;
+    let deletes = js::delete_all(conn, bucket, &legacy_deletes)?;
+    let keys = legacy_puts.iter().map(|w| &w.key).chain(&legacy_deletes);
+    for (key, o) in keys.zip(puts.into_iter().chain(deletes)) {
+        if let CasOutcome::Failed(why) | CasOutcome::Conflict(why) = o {
+            return Err(CtlError::Nats {
+                what: format!("writing {bucket} {key} (for agents 0.1.0)"),
+                detail: why,
+            });
+        }
     }
     // The time of the undo, on the state (best effort: the devices are
     // what counts, and a re-run is harmless).

@@ -219,6 +219,27 @@ impl Rig {
         })
     }
 
+    /// `fleet-desired` `<device>.<workload>`, what agents 0.1.0 read: the
+    /// spec hash of its value (None: no key, or deleted).
+    fn legacy(&self, device: &str, workload: &str) -> Option<String> {
+        let store = nats::jetstream::new(self.admin.clone())
+            .key_value("fleet-desired")
+            .expect("bucket");
+        let e = store
+            .entry(&format!("{device}.{workload}"))
+            .expect("entry")?;
+        if e.operation != nats::kv::Operation::Put {
+            return None;
+        }
+        Some(
+            WorkloadSpec::from_json(&e.value)
+                .expect("spec")
+                .spec_hash()
+                .as_str()
+                .to_owned(),
+        )
+    }
+
     /// `<device>.desired`: its revision and the spec hash of `web`.
     fn document(&self, device: &str) -> (u64, Option<String>) {
         let store = nats::jetstream::new(self.admin.clone())
@@ -514,6 +535,7 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
     );
     for d in NEW {
         assert_eq!(rig.document(d).1.as_deref(), Some(h1.as_str()), "{d}");
+        assert_eq!(rig.legacy(d, "web").as_deref(), Some(h1.as_str()), "{d}");
         rig.wait_healthy(d, &h1);
     }
 
@@ -602,4 +624,34 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
     assert!(out.status.success(), "{}", text(&out));
     let out = rig.fleetctl(&["rollout", "undo", "r-6d0b4c39"]);
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+
+    // A workload new to the device: undo removes it, the legacy key too.
+    let out = rig.fleetctl(&[
+        "workload",
+        "rollout",
+        "-l",
+        "device in (wr-1)",
+        "extra",
+        &v3,
+        "--batches",
+        "100%",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let extra_id = text(&out)
+        .lines()
+        .find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            (v["event"] == "started").then(|| v["rollout"].as_str().map(str::to_owned))?
+        })
+        .expect("started event");
+    assert!(rig.legacy("wr-1", "extra").is_some());
+    let out = rig.fleetctl(&["rollout", "undo", &extra_id]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("wr-1: put back: extra removed (it did not have it)"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(rig.legacy("wr-1", "extra"), None, "the legacy key deleted");
 }
