@@ -268,6 +268,16 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// The rollout id of the `started` event of a `--json` run.
+fn started_id(log: &str) -> String {
+    log.lines()
+        .find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            (v["event"] == "started").then(|| v["rollout"].as_str().map(str::to_owned))?
+        })
+        .unwrap_or_else(|| panic!("no started event:\n{log}"))
+}
+
 fn rollout_id(log: &str) -> String {
     let line = log
         .lines()
@@ -493,13 +503,7 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
     assert_eq!(exit.code(), Some(0), "{log}");
     eprintln!("--- good rollout ---\n{log}");
     assert!(log.contains("\"event\":\"complete\""), "{log}");
-    let good_id = log
-        .lines()
-        .find_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).ok()?;
-            (v["event"] == "started").then(|| v["rollout"].as_str().map(str::to_owned))?
-        })
-        .expect("started event");
+    let good_id = started_id(&log);
     assert!(
         log.contains("\"device\":\"wr-6\",\"event\":\"device\",\"rollout\":\"")
             && log.contains("\"state\":\"frozen\""),
@@ -638,13 +642,7 @@ fn a_bad_workload_release_halts_after_its_first_batch_is_reverted_and_undone() {
         "--json",
     ]);
     assert!(out.status.success(), "{}", text(&out));
-    let extra_id = text(&out)
-        .lines()
-        .find_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).ok()?;
-            (v["event"] == "started").then(|| v["rollout"].as_str().map(str::to_owned))?
-        })
-        .expect("started event");
+    let extra_id = started_id(&text(&out));
     assert!(rig.legacy("wr-1", "extra").is_some());
     let out = rig.fleetctl(&["rollout", "undo", &extra_id]);
     assert!(out.status.success(), "{}", text(&out));
