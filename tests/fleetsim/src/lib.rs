@@ -85,6 +85,11 @@ pub struct SimConfig {
     pub per_source_address: usize,
     /// Keep every subject each device sends on (the faithfulness test).
     pub trace: bool,
+    /// The index of the first of `devices` in the whole fleet (0 unless a
+    /// worker process of a fleet split over processes holds a range of it): a device's first
+    /// server, source address and start time follow from its index in the
+    /// whole fleet, as they would in one process.
+    pub first_index: usize,
 }
 
 impl SimConfig {
@@ -119,6 +124,7 @@ impl SimConfig {
             start_rate: 0,
             per_source_address: 20_000,
             trace: false,
+            first_index: 0,
         }
     }
 }
@@ -222,6 +228,12 @@ impl Sim {
     /// The records, locked (the loop waits while they are held: keep it short).
     pub fn records(&self) -> MutexGuard<'_, Vec<DeviceRecord>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the event loop still runs (it ends on [`stop`](Self::stop)
+    /// or when it fails).
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     /// Polls `done` on the records every 100 ms until it holds or
