@@ -23,6 +23,7 @@
 
 pub mod admin;
 pub mod bodies;
+pub mod clock;
 mod proto;
 pub mod scenario;
 mod sim;
