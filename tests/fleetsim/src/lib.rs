@@ -24,6 +24,7 @@
 pub mod admin;
 pub mod bodies;
 pub mod clock;
+pub mod multi;
 mod proto;
 pub mod scenario;
 mod sim;
@@ -35,10 +36,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub use multi::MultiSim;
 pub use proto::{Msg, Op};
 
 /// Which device protocol the simulated devices speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Generation {
     /// Agent 0.1.0: a JetStream consumer per device and bucket.
     One,
@@ -87,9 +89,10 @@ pub struct SimConfig {
     /// Keep every subject each device sends on (the faithfulness test).
     pub trace: bool,
     /// The index of the first of `devices` in the whole fleet (0 unless a
-    /// worker process of a fleet split over processes holds a range of it): a device's first
-    /// server, source address and start time follow from its index in the
-    /// whole fleet, as they would in one process.
+    /// worker process of a fleet split over processes, [`MultiSim`], holds
+    /// a range of it): a device's first server, source address and start
+    /// time follow from its index in the whole fleet, as they would in one
+    /// process.
     pub first_index: usize,
 }
 
@@ -137,7 +140,7 @@ pub const LEGACY_PING_INTERVAL: Duration = Duration::from_secs(120);
 pub const LEGACY_CHECK_INTERVAL: Duration = Duration::from_secs(300);
 
 /// When a simulated device writes its heartbeat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum StatusWrites {
     /// Agents before 0.3.0: at start and every period, plus up to a tenth
     /// (at most 3 s).
