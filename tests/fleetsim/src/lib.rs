@@ -20,6 +20,18 @@
 //! each snapshot and each desired change (the agent with Podman disabled).
 //! Every device's timeline (connected, snapshot complete, each desired
 //! value applied, lost sync, errors) is kept in a [`DeviceRecord`].
+//!
+//! One process holds as many devices as its open-file limit allows (a
+//! 20,000 hard limit holds about 19,000). Past that, [`MultiSim`] splits
+//! the fleet over `fleet-sim-worker` processes (the binary beside the test
+//! binaries or the bench): each runs a [`Sim`] over a contiguous range of
+//! the devices on the same servers (every device starting on the server,
+//! source address and start time it would have in one process), and the
+//! coordinator merges their records in device order on each call, the
+//! times carried as CLOCK_MONOTONIC nanoseconds ([`clock`]). A worker that
+//! exits is an error naming it with its stderr; a worker whose stdin
+//! closes stops, so none outlives its coordinator.
+//! [`scenario::Fleet::start_processes`] runs the shared steps on it.
 
 pub mod admin;
 pub mod bodies;
