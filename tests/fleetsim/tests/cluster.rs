@@ -253,7 +253,7 @@ fn device_ports(cluster: &NatsCluster) -> HashMap<String, (usize, u16)> {
             .unwrap_or_else(|e| panic!("n{i} /connz is not JSON ({e}): {body}"));
         for c in v["connections"].as_array().into_iter().flatten() {
             if let (Some(user), Some(port)) = (c["authorized_user"].as_str(), c["port"].as_u64()) {
-                out.insert(user.to_owned(), (i, u16::try_from(port).unwrap()));
+                out.insert(user.to_owned(), (i, u16::try_from(port).expect("a port")));
             }
         }
     }
@@ -271,7 +271,7 @@ fn process_tcp_ports(pid: u32) -> HashSet<u16> {
             Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
         })
         .collect();
-    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let tcp = std::fs::read_to_string("/proc/net/tcp").expect("reading /proc/net/tcp");
     tcp.lines()
         .skip(1)
         .filter_map(|line| {
@@ -286,11 +286,15 @@ fn process_tcp_ports(pid: u32) -> HashSet<u16> {
 
 /// GET of a monitoring endpoint (HTTP/1.0, the body read to EOF).
 fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")
+        .unwrap_or_else(|e| panic!("GET {addr}{path}: {e}"));
     let mut buf = Vec::new();
-    s.read_to_end(&mut buf).unwrap();
+    s.read_to_end(&mut buf)
+        .unwrap_or_else(|e| panic!("reading {addr}{path}: {e}"));
     let p = buf
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

@@ -39,20 +39,20 @@ fn a_worker_that_fails_to_start_is_an_error_naming_it_with_its_stderr() {
 fn records_come_from_every_worker_a_killed_one_is_named_and_drop_reaps_them() {
     // A server that accepts TCP connections and never speaks: the devices
     // stay connecting.
-    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = TcpListener::bind("127.0.0.1:0").expect("a loopback listener");
     let devices = device_ids(Generation::Two, 5);
     let cfg = SimConfig::new(
-        vec![silent.local_addr().unwrap()],
+        vec![silent.local_addr().expect("its address")],
         devices,
         device_password,
         Generation::Two,
     );
-    let sim = MultiSim::start(&cfg, 2).unwrap();
+    let sim = MultiSim::start(&cfg, 2).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(sim.processes(), 2);
     let workers = sim.workers();
     let ranges: Vec<_> = workers.iter().map(|(_, r)| r.clone()).collect();
     assert_eq!(ranges, [0..2, 2..5]);
-    let recs = sim.records().unwrap();
+    let recs = sim.records().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(recs.len(), 5);
     assert!(recs.iter().all(|d| d.connects.is_empty()), "{recs:?}");
     let t = Instant::now();
@@ -60,7 +60,8 @@ fn records_come_from_every_worker_a_killed_one_is_named_and_drop_reaps_them() {
     assert!(t.elapsed() >= Duration::from_millis(600));
     // Worker 1 killed: the next exchange names it and how it ended.
     let (pid1, _) = workers[1];
-    kill_process(Pid::from_raw(pid1 as i32).unwrap(), Signal::KILL).unwrap();
+    let pid = Pid::from_raw(i32::try_from(pid1).expect("a pid")).expect("a pid is not 0");
+    kill_process(pid, Signal::KILL).expect("killing worker 1");
     let e = sim.records().expect_err("worker 1 is dead");
     assert!(
         e.contains(&format!("fleet-sim worker 1 (pid {pid1}, devices 2..5)")),
@@ -76,14 +77,14 @@ fn records_come_from_every_worker_a_killed_one_is_named_and_drop_reaps_them() {
 
 #[test]
 fn stop_gives_every_workers_result_and_ends_them() {
-    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = TcpListener::bind("127.0.0.1:0").expect("a loopback listener");
     let cfg = SimConfig::new(
-        vec![silent.local_addr().unwrap()],
+        vec![silent.local_addr().expect("its address")],
         device_ids(Generation::One, 3),
         device_password,
         Generation::One,
     );
-    let sim = MultiSim::start(&cfg, 3).unwrap();
+    let sim = MultiSim::start(&cfg, 3).unwrap_or_else(|e| panic!("{e}"));
     let pids: Vec<u32> = sim.workers().iter().map(|(p, _)| *p).collect();
     let results = sim.stop();
     assert_eq!(results.len(), 3);
