@@ -57,7 +57,7 @@ Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--latency-runs N] [--fleet N,...] [--rollout N] [--metrics N]
                    [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
                    [--scale-nats 2.14,2.9] [--scale-gen 1,2] [--docs-dir DIR]
-                   [--scale-steady] [--traffic-secs N]
+                   [--scale-steady] [--scale-processes auto|P] [--traffic-secs N]
 
 Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic,
           metrics
@@ -70,6 +70,10 @@ Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
           (--scale-steady: the scale section measures only the steady state,
           agent 0.3's protocol against 0.2's heartbeat protocol, each on a
           fresh cluster)
+          --scale-processes auto (the simulated devices in the bench's own
+          process up to 18,000, past that split over ceil(N / 18,000)
+          fleet-sim-worker processes; P: P worker processes at every N,
+          1 = the bench's own process)
 
 Each section run rewrites its page DIR/<section>.md (default: docs/bench in
 the workspace) between the page's markers; the others are left as they are.
@@ -99,6 +103,8 @@ struct Args {
     scale_baseline: bool,
     /// The scale section measures only the steady state, 0.3 against 0.2.
     scale_steady: bool,
+    /// How many processes hold the scale section's simulated devices.
+    scale_processes: scale::Processes,
     /// The traffic section's idle window.
     traffic_window: Duration,
     /// Where the sections' pages are written.
@@ -125,6 +131,7 @@ impl Args {
             scale_baseline: true,
             traffic_window: Duration::from_secs(600),
             scale_steady: false,
+            scale_processes: scale::Processes::Auto,
             docs_dir: fleet_harness::workspace_root().join("docs").join("bench"),
             given: given.clone(),
         };
@@ -176,6 +183,14 @@ impl Args {
                     }
                 }
                 "--scale-steady" => a.scale_steady = true,
+                "--scale-processes" => {
+                    a.scale_processes = match value()?.as_str() {
+                        "auto" => scale::Processes::Auto,
+                        v => scale::Processes::Fixed(number(v.to_owned()).map_err(|e| {
+                            format!("--scale-processes: {e} (auto, or how many processes)")
+                        })?),
+                    }
+                }
                 "--traffic-secs" => {
                     a.traffic_window = Duration::from_secs(number(value()?)? as u64)
                 }
@@ -423,9 +438,15 @@ fn run(args: &Args) -> (Results, SectionTimes) {
         let table = section_table(&mut results, "scale");
         for v in &args.scale_nats {
             let rows = if args.scale_steady {
-                scale::steady_rows(&args.scale, args.scale_window, *v)
+                scale::steady_rows(&args.scale, args.scale_window, *v, args.scale_processes)
             } else {
-                scale::scale_rows(&args.scale, args.scale_window, *v, args.scale_baseline)
+                scale::scale_rows(
+                    &args.scale,
+                    args.scale_window,
+                    *v,
+                    args.scale_baseline,
+                    args.scale_processes,
+                )
             };
             for row in rows {
                 table.push(row);
@@ -723,5 +744,14 @@ mod tests {
         assert!(!parse(&["--scale-gen", "2"]).expect("valid").scale_baseline);
         assert!(parse(&["--scale-gen", "1"]).is_err());
         assert!(parse(&["--scale-nats", "2.10"]).is_err());
+        assert_eq!(a.scale_processes, scale::Processes::Auto);
+        assert_eq!(
+            parse(&["--scale-processes", "3"])
+                .expect("valid")
+                .scale_processes,
+            scale::Processes::Fixed(3)
+        );
+        assert!(parse(&["--scale-processes", "0"]).is_err());
+        assert!(parse(&["--scale-processes", "many"]).is_err());
     }
 }

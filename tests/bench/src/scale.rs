@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use fleet_harness::{ClusterOptions, NatsCluster, NatsVersion, NATS_ADMIN_PASSWORD};
 use fleet_sim::scenario::{device_ids, FanOut, Fleet, Recovery, Spread};
-use fleet_sim::Generation;
+use fleet_sim::{Generation, SimConfig};
 
 use crate::procfs;
 use crate::report::{Row, Verdict};
@@ -58,6 +58,61 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 const LAME_DUCK: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(10));
 /// Bound on each node's lame-duck exit, restart and catch-up.
 const NODE_RESTART_TIMEOUT: Duration = Duration::from_secs(120);
+/// At most this many simulated devices in one process under
+/// [`Processes::Auto`] (the hard open-file limit here is 20,000 a process).
+pub const DEVICES_PER_PROCESS: usize = 18_000;
+
+/// How many processes hold the simulated devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Processes {
+    /// The bench's own process up to [`DEVICES_PER_PROCESS`], past that
+    /// ceil(N / it) `fleet-sim-worker` processes.
+    Auto,
+    /// This many worker processes at every N (1: the bench's own process).
+    Fixed(usize),
+}
+
+impl Processes {
+    /// The processes for `n` devices (1 = the bench's own).
+    pub fn for_devices(self, n: usize) -> usize {
+        match self {
+            Processes::Auto => n.div_ceil(DEVICES_PER_PROCESS).max(1),
+            Processes::Fixed(p) => p.clamp(1, n.max(1)),
+        }
+    }
+}
+
+/// The open-file limit the bench needs for `n` devices over `processes`:
+/// in its own process one descriptor per device; with workers (each raises
+/// its own) what the nodes, which inherit the bench's limit, hold: the
+/// busiest about half the devices after a node is killed.
+fn nofile_needed(n: usize, processes: usize) -> u64 {
+    if processes == 1 {
+        n as u64 + 1_000
+    } else {
+        n as u64 / 2 + 1_000
+    }
+}
+
+/// Starts the simulated fleet in the bench's process or over `processes` workers.
+fn start_fleet(
+    cluster: &NatsCluster,
+    generation: Generation,
+    ids: Vec<String>,
+    processes: usize,
+    tune: impl FnOnce(&mut SimConfig),
+) -> Fleet {
+    if processes == 1 {
+        Fleet::start(cluster, generation, ids, tune)
+    } else {
+        eprintln!(
+            "bench: {} devices over {processes} fleet-sim-worker processes",
+            ids.len()
+        );
+        Fleet::start_processes(cluster, generation, ids, processes, tune)
+    }
+}
+
 /// The release `fleetctl rollout` rolls out (the simulated devices report
 /// 0.1.0 or this workspace's version).
 const ROLLOUT_VERSION: &str = "9.0.0";
@@ -76,6 +131,8 @@ struct Measured {
     victim: usize,
     victim_conns: usize,
     recovery: Recovery,
+    /// Processes that held the simulated devices (1: the bench's own).
+    processes: usize,
     /// Go's live heap (after a collection) plus goroutine stacks, per node.
     live_before: Vec<u64>,
     live_settled: Vec<u64>,
@@ -120,13 +177,15 @@ pub fn scale_rows(
     window: Duration,
     version: NatsVersion,
     baseline: bool,
+    processes: Processes,
 ) -> Vec<Row> {
     let mut out = Vec::new();
     let mut done: Vec<(usize, Option<Measured>, Measured)> = Vec::new();
     for &n in ns {
+        let p = processes.for_devices(n);
         let want = (2 * n as u64 + 20_000).max(65_536);
         let nofile = fleet_sim::raise_nofile(want);
-        if nofile < n as u64 + 1_000 {
+        if nofile < nofile_needed(n, p) {
             out.push(Row::todo(
                 &format!("scale {n}: every figure"),
                 "—",
@@ -134,8 +193,8 @@ pub fn scale_rows(
             ));
             continue;
         }
-        let g1 = baseline.then(|| measure(Generation::One, n, window, version));
-        let g2 = measure(Generation::Two, n, window, version);
+        let g1 = baseline.then(|| measure(Generation::One, n, p, window, version));
+        let g2 = measure(Generation::Two, n, p, window, version);
         out.extend(rows(n, window, version, g1.as_ref(), &g2));
         // A slope needs generation 2 at both ends; generation 1's beside
         // it when it was measured at both.
@@ -207,7 +266,13 @@ fn slope_row(
 /// The baseline cell when `--scale-gen 2` left generation 1 out.
 const NOT_RUN: &str = "— (gen 1 not run)";
 
-fn measure(generation: Generation, n: usize, window: Duration, version: NatsVersion) -> Measured {
+fn measure(
+    generation: Generation,
+    n: usize,
+    processes: usize,
+    window: Duration,
+    version: NatsVersion,
+) -> Measured {
     eprintln!(
         "bench: scale {n}, {}, nats-server {version:?}",
         generation.label()
@@ -229,10 +294,13 @@ fn measure(generation: Generation, n: usize, window: Duration, version: NatsVers
     let mut m = Measured {
         rss_before: (0..nodes).map(|i| node_rss(&cluster, i)).collect(),
         live_before: (0..nodes).map(|i| node_live(&cluster, i)).collect(),
+        processes,
         ..Measured::default()
     };
     let started = Instant::now();
-    let mut fleet = Fleet::start(&cluster, generation, ids, |c| c.start_rate = START_RATE);
+    let mut fleet = start_fleet(&cluster, generation, ids, processes, |c| {
+        c.start_rate = START_RATE
+    });
     match fleet.wait_snapshots(started, SNAPSHOT_TIMEOUT) {
         Ok(s) => m.snapshots = s,
         Err(e) => {
@@ -309,12 +377,18 @@ fn measure(generation: Generation, n: usize, window: Duration, version: NatsVers
 /// The steady state alone, agent 0.3's protocol against 0.2's (generation
 /// 2 both: a heartbeat write every 30 s, the 5-minute check, the crate's
 /// 2-minute PING), each on a fresh cluster: the cluster's CPU per device.
-pub fn steady_rows(ns: &[usize], window: Duration, version: NatsVersion) -> Vec<Row> {
+pub fn steady_rows(
+    ns: &[usize],
+    window: Duration,
+    version: NatsVersion,
+    processes: Processes,
+) -> Vec<Row> {
     let mut out = Vec::new();
     for &n in ns {
+        let p = processes.for_devices(n);
         let want = (2 * n as u64 + 20_000).max(65_536);
         let nofile = fleet_sim::raise_nofile(want);
-        if nofile < n as u64 + 1_000 {
+        if nofile < nofile_needed(n, p) {
             out.push(Row::todo(
                 &format!("scale {n}: steady state"),
                 "—",
@@ -322,8 +396,8 @@ pub fn steady_rows(ns: &[usize], window: Duration, version: NatsVersion) -> Vec<
             ));
             continue;
         }
-        let old = steady(n, window, version, true);
-        let new = steady(n, window, version, false);
+        let old = steady(n, p, window, version, true);
+        let new = steady(n, p, window, version, false);
         out.push(steady_row(n, window, version, &new, &old));
     }
     out
@@ -339,7 +413,13 @@ struct Steady {
     failure: Option<String>,
 }
 
-fn steady(n: usize, window: Duration, version: NatsVersion, agent_0_2: bool) -> Steady {
+fn steady(
+    n: usize,
+    processes: usize,
+    window: Duration,
+    version: NatsVersion,
+    agent_0_2: bool,
+) -> Steady {
     let label = if agent_0_2 {
         "0.2 protocol"
     } else {
@@ -361,7 +441,7 @@ fn steady(n: usize, window: Duration, version: NatsVersion, agent_0_2: bool) -> 
     );
     let nodes = cluster.node_count();
     let started = Instant::now();
-    let fleet = Fleet::start(&cluster, Generation::Two, ids, |c| {
+    let fleet = start_fleet(&cluster, Generation::Two, ids, processes, |c| {
         c.start_rate = START_RATE;
         if agent_0_2 {
             c.speak_agent_0_2();
@@ -613,7 +693,7 @@ fn rows(
             .ratio(ratio(&|g| g.rss_per_device(n)))
             .target("≤ 100 KiB", Verdict::from_ok(per2 <= 100.0 * 1024.0))
             .note(format!(
-                "Sum of the three nodes' RSS settled with {n} devices minus before any device, over N{}. Go's own accounting (live heap after a forced collection plus goroutine stacks, `/debug/pprof/heap?gc=1`) grew {} per device: what a device needs; the rest of RSS is garbage the collector had not reclaimed yet (GOGC 100 lets the heap reach twice the live set){}. Per node before → settled: gen 2 {} → {}{}. Devices start at {START_RATE}/s; first snapshots p50/p99/max gen 2 {}{} from the first start.",
+                "Sum of the three nodes' RSS settled with {n} devices minus before any device, over N{}. Go's own accounting (live heap after a forced collection plus goroutine stacks, `/debug/pprof/heap?gc=1`) grew {} per device: what a device needs; the rest of RSS is garbage the collector had not reclaimed yet (GOGC 100 lets the heap reach twice the live set){}. Per node before → settled: gen 2 {} → {}{}. Devices start at {START_RATE}/s; first snapshots p50/p99/max gen 2 {}{} from the first start{}.",
                 gomemlimit_note(),
                 kib(live2),
                 g1_note(&|g| format!("; gen 1: {}", kib(g.live_per_device(n)))),
@@ -622,6 +702,11 @@ fn rows(
                 g1_note(&|g| format!("; gen 1 {} → {}", mib_list(&g.rss_before), mib_list(&g.rss_settled))),
                 g2.snapshots.cell(),
                 g1_note(&|g| format!(", gen 1 {}", g.snapshots.cell())),
+                if g2.processes > 1 {
+                    format!("; the devices simulated in {} worker processes", g2.processes)
+                } else {
+                    String::new()
+                },
             )),
         Row::new(format!("{label}: server CPU settled (n0 / n1 / n2)"))
             .ours(cpu_list(&g2.cpu_settled))
@@ -802,4 +887,19 @@ fn thousands(n: usize) -> String {
         out.push(c);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_splits_past_18000_devices_a_process() {
+        assert_eq!(Processes::Auto.for_devices(1_000), 1);
+        assert_eq!(Processes::Auto.for_devices(18_000), 1);
+        assert_eq!(Processes::Auto.for_devices(18_001), 2);
+        assert_eq!(Processes::Auto.for_devices(100_000), 6);
+        assert_eq!(Processes::Fixed(4).for_devices(10_000), 4);
+        assert_eq!(Processes::Fixed(4).for_devices(2), 2);
+    }
 }

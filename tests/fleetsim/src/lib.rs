@@ -20,9 +20,23 @@
 //! each snapshot and each desired change (the agent with Podman disabled).
 //! Every device's timeline (connected, snapshot complete, each desired
 //! value applied, lost sync, errors) is kept in a [`DeviceRecord`].
+//!
+//! One process holds as many devices as its open-file limit allows (a
+//! 20,000 hard limit holds about 19,000). Past that, [`MultiSim`] splits
+//! the fleet over `fleet-sim-worker` processes (the binary beside the test
+//! binaries or the bench): each runs a [`Sim`] over a contiguous range of
+//! the devices on the same servers (every device starting on the server,
+//! source address and start time it would have in one process), and the
+//! coordinator merges their records in device order on each call, the
+//! times carried as CLOCK_MONOTONIC nanoseconds ([`clock`]). A worker that
+//! exits is an error naming it with its stderr; a worker whose stdin
+//! closes stops, so none outlives its coordinator.
+//! [`scenario::Fleet::start_processes`] runs the shared steps on it.
 
 pub mod admin;
 pub mod bodies;
+pub mod clock;
+pub mod multi;
 mod proto;
 pub mod scenario;
 mod sim;
@@ -34,10 +48,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub use multi::MultiSim;
 pub use proto::{Msg, Op};
 
 /// Which device protocol the simulated devices speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Generation {
     /// Agent 0.1.0: a JetStream consumer per device and bucket.
     One,
@@ -85,6 +100,12 @@ pub struct SimConfig {
     pub per_source_address: usize,
     /// Keep every subject each device sends on (the faithfulness test).
     pub trace: bool,
+    /// The index of the first of `devices` in the whole fleet (0 unless a
+    /// worker process of a fleet split over processes, [`MultiSim`], holds
+    /// a range of it): a device's first server, source address and start
+    /// time follow from its index in the whole fleet, as they would in one
+    /// process.
+    pub first_index: usize,
 }
 
 impl SimConfig {
@@ -119,6 +140,7 @@ impl SimConfig {
             start_rate: 0,
             per_source_address: 20_000,
             trace: false,
+            first_index: 0,
         }
     }
 }
@@ -130,7 +152,7 @@ pub const LEGACY_PING_INTERVAL: Duration = Duration::from_secs(120);
 pub const LEGACY_CHECK_INTERVAL: Duration = Duration::from_secs(300);
 
 /// When a simulated device writes its heartbeat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum StatusWrites {
     /// Agents before 0.3.0: at start and every period, plus up to a tenth
     /// (at most 3 s).
@@ -222,6 +244,12 @@ impl Sim {
     /// The records, locked (the loop waits while they are held: keep it short).
     pub fn records(&self) -> MutexGuard<'_, Vec<DeviceRecord>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the event loop still runs (it ends on [`stop`](Self::stop)
+    /// or when it fails).
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     /// Polls `done` on the records every 100 ms until it holds or

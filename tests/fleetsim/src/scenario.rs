@@ -1,13 +1,18 @@
 //! The steps the fleet-scale bench and the correctness test share: device
 //! ids, simulated fleets started on a [`NatsCluster`], first snapshots, a
 //! fan-out of one change per device, and a node loss with its recovery.
+//! A fleet runs in this process ([`Fleet::start`]) or split over worker
+//! processes ([`Fleet::start_processes`]); the steps and their results are
+//! the same.
 
+use std::ops::Deref;
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use fleet_harness::{device_password, NatsCluster};
 
 use crate::admin::put_desired_all;
-use crate::{percentile, DeviceRecord, Generation, Sim, SimConfig};
+use crate::{percentile, DeviceRecord, Generation, MultiSim, Sim, SimConfig};
 
 /// `sim-<gen>-000123`: generation and index.
 pub fn device_ids(generation: Generation, n: usize) -> Vec<String> {
@@ -18,12 +23,82 @@ pub fn device_ids(generation: Generation, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("sim{g}-{i:06}")).collect()
 }
 
+/// Where a fleet's devices run.
+#[derive(Debug)]
+pub enum Simulator {
+    /// In this process.
+    One(Sim),
+    /// Split over worker processes.
+    Processes(MultiSim),
+}
+
+/// Every device's record: the one-process simulator's, locked, or merged
+/// from the workers.
+#[derive(Debug)]
+pub enum Records<'a> {
+    Local(MutexGuard<'a, Vec<DeviceRecord>>),
+    Merged(Vec<DeviceRecord>),
+}
+
+impl Deref for Records<'_> {
+    type Target = [DeviceRecord];
+
+    fn deref(&self) -> &[DeviceRecord] {
+        match self {
+            Records::Local(g) => g,
+            Records::Merged(v) => v,
+        }
+    }
+}
+
+impl Simulator {
+    /// Every device's record, in device order (a worker that failed is an
+    /// error naming it, with its stderr).
+    pub fn records(&self) -> Result<Records<'_>, String> {
+        match self {
+            Simulator::One(s) => Ok(Records::Local(s.records())),
+            Simulator::Processes(m) => m.records().map(Records::Merged),
+        }
+    }
+
+    /// Polls `done` on the records until it holds or `timeout` passes.
+    pub fn wait_until(&self, timeout: Duration, done: impl FnMut(&[DeviceRecord]) -> bool) -> bool {
+        match self {
+            Simulator::One(s) => s.wait_until(timeout, done),
+            Simulator::Processes(m) => m.wait_until(timeout, done),
+        }
+    }
+
+    /// How many processes hold the devices (1 in this process).
+    pub fn processes(&self) -> usize {
+        match self {
+            Simulator::One(_) => 1,
+            Simulator::Processes(m) => m.processes(),
+        }
+    }
+
+    /// Stops every device; the errors of the loops that failed.
+    pub fn stop(self) -> Result<(), String> {
+        match self {
+            Simulator::One(s) => s.stop(),
+            Simulator::Processes(m) => {
+                let errors: Vec<String> = m.stop().into_iter().filter_map(Result::err).collect();
+                if errors.is_empty() {
+                    Ok(())
+                } else {
+                    Err(errors.join("\n"))
+                }
+            }
+        }
+    }
+}
+
 /// A simulated fleet of one generation.
 #[derive(Debug)]
 pub struct Fleet {
     pub generation: Generation,
     pub devices: Vec<String>,
-    pub sim: Sim,
+    pub sim: Simulator,
     /// The desired sequence each device should hold (after fan-outs).
     pub seqs: Vec<u64>,
     /// Each device's error count at the last [`mark_errors`](Self::mark_errors):
@@ -70,14 +145,45 @@ impl Fleet {
         devices: Vec<String>,
         tune: impl FnOnce(&mut SimConfig),
     ) -> Fleet {
+        let cfg = Self::config(cluster, generation, &devices, tune);
+        let sim = Sim::start(cfg).unwrap_or_else(|e| panic!("starting the simulator: {e}"));
+        Self::on(generation, devices, Simulator::One(sim))
+    }
+
+    /// Starts `devices` of `generation` on every node of `cluster`, split
+    /// over `processes` worker processes (contiguous ranges of the devices;
+    /// each device starts on the server, source address and start time it
+    /// would have in one process).
+    pub fn start_processes(
+        cluster: &NatsCluster,
+        generation: Generation,
+        devices: Vec<String>,
+        processes: usize,
+        tune: impl FnOnce(&mut SimConfig),
+    ) -> Fleet {
+        let cfg = Self::config(cluster, generation, &devices, tune);
+        let sim = MultiSim::start(&cfg, processes)
+            .unwrap_or_else(|e| panic!("starting the simulator's worker processes: {e}"));
+        Self::on(generation, devices, Simulator::Processes(sim))
+    }
+
+    fn config(
+        cluster: &NatsCluster,
+        generation: Generation,
+        devices: &[String],
+        tune: impl FnOnce(&mut SimConfig),
+    ) -> SimConfig {
         let mut cfg = SimConfig::new(
             cluster.client_addrs(),
-            devices.clone(),
+            devices.to_vec(),
             device_password,
             generation,
         );
         tune(&mut cfg);
-        let sim = Sim::start(cfg).unwrap_or_else(|e| panic!("starting the simulator: {e}"));
+        cfg
+    }
+
+    fn on(generation: Generation, devices: Vec<String>, sim: Simulator) -> Fleet {
         let seqs = vec![0; devices.len()];
         let error_mark = vec![0; devices.len()];
         Fleet {
@@ -95,7 +201,7 @@ impl Fleet {
         let ok = self
             .sim
             .wait_until(timeout, |r| r.iter().all(|d| !d.snapshots.is_empty()));
-        let recs = self.sim.records();
+        let recs = self.sim.records()?;
         if !ok {
             return Err(self.missing(&recs, "no complete snapshot", |d| d.snapshots.is_empty()));
         }
@@ -154,7 +260,7 @@ impl Fleet {
                 .zip(seqs)
                 .all(|(d, s)| d.applied_at_least(*s).is_some())
         });
-        let recs = self.sim.records();
+        let recs = self.sim.records()?;
         if !ok {
             let seqs = &self.seqs;
             let bad: Vec<bool> = recs
@@ -193,7 +299,19 @@ impl Fleet {
     /// Remembers each device's error count now: [`recovery`](Self::recovery)
     /// and [`outages`](Self::outages) count the errors after it.
     pub fn mark_errors(&mut self) {
-        self.error_mark = self.sim.records().iter().map(|d| d.errors).collect();
+        let mark = self.records().iter().map(|d| d.errors).collect();
+        self.error_mark = mark;
+    }
+
+    /// The records, for the steps whose results have no room for an error:
+    /// a worker process that failed panics, naming it, with its stderr.
+    fn records(&self) -> Records<'_> {
+        self.sim.records().unwrap_or_else(|e| {
+            panic!(
+                "{}: reading the device records: {e}",
+                self.generation.label()
+            )
+        })
     }
 
     fn errors_since_mark(&self, i: usize, d: &DeviceRecord) -> u64 {
@@ -204,7 +322,7 @@ impl Fleet {
     /// Devices connected to each of `nodes` servers now.
     pub fn per_node(&self, nodes: usize) -> Vec<usize> {
         let mut v = vec![0; nodes];
-        for d in self.sim.records().iter() {
+        for d in self.records().iter() {
             if let Some(s) = d.server {
                 if s < nodes {
                     v[s] += 1;
@@ -229,7 +347,7 @@ impl Fleet {
             // Give a node loss a moment to be noticed before "all recovered".
             at.elapsed() > Duration::from_secs(20) && r.iter().all(|d| !affected(d) || recovered(d))
         });
-        let recs = self.sim.records();
+        let recs = self.records();
         let mut times = Vec::new();
         let mut never = 0;
         let mut affected_n = 0;
@@ -295,7 +413,7 @@ impl Fleet {
             .wait_until(deadline.saturating_duration_since(Instant::now()), |r| {
                 r.iter().all(recovered)
             });
-        let recs = self.sim.records();
+        let recs = self.records();
         let mut times = Vec::new();
         let mut out = Recovery::default();
         for (i, d) in recs.iter().enumerate() {
@@ -329,12 +447,12 @@ impl Fleet {
 
     /// JetStream API requests the devices sent so far.
     pub fn api_requests(&self) -> u64 {
-        self.sim.records().iter().map(|d| d.api_requests).sum()
+        self.records().iter().map(|d| d.api_requests).sum()
     }
 
     /// Status puts sent and acknowledged so far.
     pub fn status_puts(&self) -> (u64, u64) {
-        let r = self.sim.records();
+        let r = self.records();
         (
             r.iter().map(|d| d.status_puts).sum(),
             r.iter().map(|d| d.status_acked).sum(),

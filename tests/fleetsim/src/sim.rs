@@ -207,7 +207,7 @@ impl Loop {
                 want_out: false,
                 dirty: false,
                 epoch: 1,
-                server: i % cfg.servers.len().max(1),
+                server: (cfg.first_index + i) % cfg.servers.len().max(1),
                 attempts: 0,
                 ever_up: false,
                 inbox: String::new(),
@@ -224,7 +224,9 @@ impl Loop {
             let at = if cfg.start_rate == 0 {
                 now
             } else {
-                now + Duration::from_secs_f64(i as f64 / f64::from(cfg.start_rate))
+                now + Duration::from_secs_f64(
+                    (cfg.first_index + i) as f64 / f64::from(cfg.start_rate),
+                )
             };
             timers.push(Reverse(Timer {
                 at,
@@ -318,7 +320,7 @@ impl Loop {
         let per = self.cfg.per_source_address.max(1);
         let d = &mut self.devs[i];
         let addr = self.cfg.servers[d.server % n];
-        let src = u8::try_from(1 + (i / per) % 250).unwrap_or(1);
+        let src = u8::try_from(1 + ((self.cfg.first_index + i) / per) % 250).unwrap_or(1);
         let sock = (|| -> io::Result<TcpStream> {
             let fd = rustix::net::socket_with(
                 AddressFamily::INET,
