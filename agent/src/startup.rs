@@ -198,9 +198,16 @@ fn report(inner: &Inner, shutdown: &Shutdown) {
             }
             p.next_report = now + STEP_REPORT_INTERVAL;
         }
+        // Woken for the next report when it is due, not up to a tick
+        // after: the figure logged is then the step's whole seconds.
+        let wait = s
+            .pending
+            .iter()
+            .map(|p| p.next_report.saturating_duration_since(Instant::now()))
+            .fold(TICK, Duration::min);
         s = inner
             .changed
-            .wait_timeout(s, TICK)
+            .wait_timeout(s, wait)
             .unwrap_or_else(|e| e.into_inner())
             .0;
     }

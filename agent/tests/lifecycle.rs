@@ -191,13 +191,22 @@ fn a_stalled_start_up_names_the_step_every_10_s() {
         first_at < Duration::from_secs(13),
         "first waiting line after {first_at:?}: {first}"
     );
-    assert!(first.contains(&format!("{needle}10 s")), "{first}");
+    // The step's whole seconds when the report was due (a second more
+    // when the machine is slow to wake the reporter).
+    let within_a_second = |line: &str, secs: u64| {
+        [secs, secs + 1]
+            .iter()
+            .any(|s| line.contains(&format!("{needle}{s} s")))
+    };
+    assert!(within_a_second(&first, 10), "{first}");
     let from = agent.line_count();
     let second = agent.wait_for_line_after(from, &needle, Duration::from_secs(15));
-    assert!(second.contains(&format!("{needle}20 s")), "{second}");
-    let status = dev.notify.find(&format!(
-        "STATUS=waiting for the NATS connection ({url}) (10 s)"
-    ));
+    assert!(within_a_second(&second, 20), "{second}");
+    let status = ["10", "11"].iter().find_map(|secs| {
+        dev.notify.find(&format!(
+            "STATUS=waiting for the NATS connection ({url}) ({secs} s)"
+        ))
+    });
     assert!(status.is_some(), "{:?}", dev.notify.all());
     assert!(
         started.elapsed() - first_at < Duration::from_secs(13),
