@@ -25,6 +25,7 @@ fn example() -> String {
         callout_password: "CHANGE-ME-auth-callout".to_owned(),
         issuer: PublicNkey::parse_kind(EXAMPLE_ISSUER, NkeyKind::Account).expect("account key"),
         cluster: None,
+        leafnodes: None,
         protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
     });
     format!(

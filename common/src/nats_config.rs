@@ -14,6 +14,14 @@
 //! creates, plus `allow_rollup_hdrs: false` for `fleet-status` (otherwise one
 //! device could roll up, that is purge, every device's status), which the
 //! `nats` crate's KV helper cannot express.
+//!
+//! Leaf nodes (docs/design/leafnodes.md): [`LeafnodeListener`] adds the
+//! hub's `leafnodes {}` listener to either layout, with one user per
+//! account a leaf binds ([`LEAF_DEVICES_USER`] in `DEVICES`,
+//! [`LEAF_SYSTEM_USER`] in the system account, so presence reaches the
+//! leaves' connections); [`leaf_server_config`] writes a leaf: no
+//! JetStream, the same device users and permissions, and those two
+//! accounts bound to the hub's.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -26,10 +34,10 @@ use crate::limits::{MAX_KV_VALUE_BYTES, NATS_AUTH_CALLOUT_TIMEOUT, NATS_MAX_CONT
 use crate::nkey::PublicNkey;
 use crate::subjects::{
     account_service_exports, account_stream_exports, device_permissions, kv_subject,
-    republish_config, stream_name, DeviceProtocols, ACCOUNT_AUTH, ACCOUNT_DEVICES, ACCOUNT_FLEET,
-    ACCOUNT_SYSTEM, BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_OPERATOR, BUCKET_STATUS,
-    BUCKET_WORKLOADS, PRESENCE_CONNZ, PRESENCE_EVENTS_PREFIX, SYS_DEVICES_CONNZ,
-    SYS_DEVICES_EVENTS,
+    leaf_device_permissions, leaf_status_import, leaf_status_mapping, republish_config,
+    stream_name, DeviceProtocols, ACCOUNT_AUTH, ACCOUNT_DEVICES, ACCOUNT_FLEET, ACCOUNT_SYSTEM,
+    BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_OPERATOR, BUCKET_STATUS, BUCKET_WORKLOADS,
+    PRESENCE_CONNZ, PRESENCE_EVENTS_PREFIX, SYS_DEVICES_CONNZ, SYS_DEVICES_EVENTS,
 };
 use crate::validate::DeviceId;
 
@@ -53,9 +61,28 @@ pub struct StaticServerConfig {
     /// Device users in `DEVICES`: id and password (plain or bcrypt).
     pub devices: Vec<(DeviceId, String)>,
     pub cluster: Option<ClusterConfig>,
+    /// Where leaf nodes connect ([`leaf_server_config`]), if anywhere.
+    pub leafnodes: Option<LeafnodeListener>,
     /// The device protocols served (generation 1 too, until retired).
     pub protocols: DeviceProtocols,
 }
+
+/// The hub's `leafnodes {}` block: its listen address and the password of
+/// the two users a leaf connects as ([`LEAF_DEVICES_USER`],
+/// [`LEAF_SYSTEM_USER`]). One password: a leaf holds both, and every
+/// device's credentials besides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafnodeListener {
+    pub listen: SocketAddr,
+    /// Plain text or a bcrypt hash.
+    pub password: String,
+}
+
+/// The user a leaf binds its `DEVICES` account to the hub's as.
+pub const LEAF_DEVICES_USER: &str = "leaf-devices";
+/// The user a leaf binds its system account to the hub's as: the hub's
+/// CONNZ requests and the leaf's connect/disconnect events cross it.
+pub const LEAF_SYSTEM_USER: &str = "leaf-system";
 
 /// The `cluster {}` block of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,8 +107,18 @@ pub fn static_server_config(c: &StaticServerConfig) -> String {
     o.push("accounts {".to_owned());
     o.extend(system_account_lines());
     o.extend(fleet_account_lines(&c.admin_password, c.protocols));
-    o.extend(devices_account_lines(&c.devices, c.protocols));
-    o.extend(["}".to_owned(), String::new()]);
+    let side = DevicesSide::Hub {
+        leaves: c.leafnodes.is_some(),
+    };
+    o.extend(devices_account_lines(&c.devices, c.protocols, side));
+    o.push("}".to_owned());
+    o.extend(
+        c.leafnodes
+            .as_ref()
+            .map(leafnode_listener_lines)
+            .unwrap_or_default(),
+    );
+    o.push(String::new());
     o.join("\n")
 }
 
@@ -101,6 +138,8 @@ pub struct CalloutServerConfig {
     /// The account nkey whose seed signs the callout's responses and users.
     pub issuer: PublicNkey,
     pub cluster: Option<ClusterConfig>,
+    /// Where leaf nodes connect, if anywhere.
+    pub leafnodes: Option<LeafnodeListener>,
     /// The device protocols whose exports and imports are served (the
     /// callout's own config says which permissions it grants).
     pub protocols: DeviceProtocols,
@@ -134,7 +173,16 @@ pub fn callout_server_config(c: &CalloutServerConfig) -> String {
     ]);
     o.extend(system_account_lines());
     o.extend(fleet_account_lines(&c.admin_password, c.protocols));
-    o.extend(devices_account_lines(&[], c.protocols));
+    let side = DevicesSide::Hub {
+        leaves: c.leafnodes.is_some(),
+    };
+    o.extend(devices_account_lines(&[], c.protocols, side));
+    o.extend(
+        c.leafnodes
+            .as_ref()
+            .map(leafnode_listener_lines)
+            .unwrap_or_default(),
+    );
     o.extend([
         "}".to_owned(),
         "authorization {".to_owned(),
@@ -154,15 +202,111 @@ pub fn callout_server_config(c: &CalloutServerConfig) -> String {
     o.join("\n")
 }
 
-/// The header, listen address, JetStream store and cluster block.
-fn server_lines(
-    generator: &str,
-    listen: SocketAddr,
-    server_name: Option<&str>,
-    store_dir: &Path,
-    cluster: Option<&ClusterConfig>,
-) -> Vec<String> {
-    let mut o: Vec<String> = vec![
+/// Everything [`leaf_server_config`] writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafServerConfig {
+    /// Client listen address (the devices').
+    pub listen: SocketAddr,
+    /// `server_name`: unique among the hub's nodes and every leaf (presence
+    /// names a device's server by it).
+    pub server_name: String,
+    /// The hub's leafnode listeners, `host:port` each (every node of the
+    /// cluster: the leaf moves to another when it loses one).
+    pub hubs: Vec<String>,
+    /// The password of the hub's leaf users ([`LeafnodeListener::password`],
+    /// in plain text: the leaf sends it).
+    pub leaf_password: String,
+    /// The same device users as the hub's static layout: a device may
+    /// connect to any leaf.
+    pub devices: Vec<(DeviceId, String)>,
+    pub protocols: DeviceProtocols,
+}
+
+/// The nats-server config text of a leaf node: no JetStream; account
+/// `DEVICES` with the device users and [`device_permissions`] and no
+/// imports (a device's requests cross to the hub's `DEVICES`, which
+/// imports from `FLEET`); the system account; both bound to the hub's.
+/// Every supported server (2.9.10 included).
+pub fn leaf_server_config(c: &LeafServerConfig) -> String {
+    let mut o = header_lines("leaf_server_config", c.listen);
+    o.extend([
+        format!("server_name: {}", quoted(&c.server_name)),
+        format!("system_account: {ACCOUNT_SYSTEM}"),
+        "accounts {".to_owned(),
+        format!("  {ACCOUNT_SYSTEM} {{ }}"),
+    ]);
+    o.extend(devices_account_lines(
+        &c.devices,
+        c.protocols,
+        DevicesSide::Leaf,
+    ));
+    o.extend([
+        "}".to_owned(),
+        "leafnodes {".to_owned(),
+        "  remotes: [".to_owned(),
+    ]);
+    for (user, account) in [
+        (LEAF_DEVICES_USER, ACCOUNT_DEVICES),
+        (LEAF_SYSTEM_USER, ACCOUNT_SYSTEM),
+    ] {
+        let urls: Vec<String> = c
+            .hubs
+            .iter()
+            .map(|h| {
+                quoted(&format!(
+                    "nats-leaf://{user}:{}@{h}",
+                    url_escaped(&c.leaf_password)
+                ))
+            })
+            .collect();
+        o.push(format!(
+            "    {{ urls: [ {} ], account: {account} }}",
+            urls.join(", ")
+        ));
+    }
+    o.extend(["  ]".to_owned(), "}".to_owned(), String::new()]);
+    o.join("\n")
+}
+
+/// The hub's `leafnodes {}` block: one user per account a leaf binds.
+fn leafnode_listener_lines(l: &LeafnodeListener) -> Vec<String> {
+    let mut o = vec![
+        "leafnodes {".to_owned(),
+        format!("  listen: {}", quoted(&l.listen.to_string())),
+        "  authorization {".to_owned(),
+        "    users: [".to_owned(),
+    ];
+    for (user, account) in [
+        (LEAF_DEVICES_USER, ACCOUNT_DEVICES),
+        (LEAF_SYSTEM_USER, ACCOUNT_SYSTEM),
+    ] {
+        o.push(format!(
+            "      {{ user: {}, password: {}, account: {account} }}",
+            quoted(user),
+            quoted(&l.password)
+        ));
+    }
+    o.extend(["    ]".to_owned(), "  }".to_owned(), "}".to_owned()]);
+    o
+}
+
+/// `s` percent-encoded for the user-info part of a URL (everything but
+/// RFC 3986's unreserved characters).
+fn url_escaped(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The generator's header, the listen address and the ping settings.
+fn header_lines(generator: &str, listen: SocketAddr) -> Vec<String> {
+    vec![
         format!("# Generated by fleet_common::nats_config::{generator}: regenerate, do not edit."),
         format!("listen: {}", quoted(&listen.to_string())),
         // The agents' PINGs keep the server's from being sent
@@ -172,7 +316,18 @@ fn server_lines(
             crate::limits::SERVER_PING_INTERVAL.as_secs()
         ),
         format!("ping_max: {}", crate::limits::NATS_MAX_PINGS_OUT),
-    ];
+    ]
+}
+
+/// The header, listen address, JetStream store and cluster block.
+fn server_lines(
+    generator: &str,
+    listen: SocketAddr,
+    server_name: Option<&str>,
+    store_dir: &Path,
+    cluster: Option<&ClusterConfig>,
+) -> Vec<String> {
+    let mut o = header_lines(generator, listen);
     if let Some(name) = server_name {
         o.push(format!("server_name: {}", quoted(name)));
     }
@@ -259,13 +414,33 @@ fn fleet_account_lines(admin_password: &str, protocols: DeviceProtocols) -> Vec<
     o
 }
 
+/// Where a `DEVICES` account is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DevicesSide {
+    /// The JetStream server's: the imports from `FLEET` (and, with leaf
+    /// nodes, the status service as the leaves send it).
+    Hub { leaves: bool },
+    /// A leaf node's: no imports; status writes mapped to cross the link.
+    Leaf,
+}
+
 /// Account `DEVICES`: one user per device (none in the callout layout) with
-/// exactly [`device_permissions`], and the imports from `FLEET`.
+/// exactly [`device_permissions`] ([`leaf_device_permissions`] on a leaf),
+/// and on the hub the imports from `FLEET`.
 fn devices_account_lines(
     devices: &[(DeviceId, String)],
     protocols: DeviceProtocols,
+    side: DevicesSide,
 ) -> Vec<String> {
     let mut o = vec![format!("  {ACCOUNT_DEVICES} {{")];
+    if side == DevicesSide::Leaf {
+        let (from, to) = leaf_status_mapping();
+        o.push(format!(
+            "    mappings: {{ {}: {} }}",
+            quoted(&from),
+            quoted(&to)
+        ));
+    }
     let list = |subjects: &[String]| {
         let quoted: Vec<String> = subjects.iter().map(|s| quoted(s)).collect();
         quoted.join(", ")
@@ -273,7 +448,10 @@ fn devices_account_lines(
     if !devices.is_empty() {
         o.push("    users: [".to_owned());
         for (id, password) in devices {
-            let p = device_permissions(id, protocols);
+            let p = match side {
+                DevicesSide::Hub { .. } => device_permissions(id, protocols),
+                DevicesSide::Leaf => leaf_device_permissions(id, protocols),
+            };
             o.extend([
                 format!(
                     "      {{ user: {}, password: {}, permissions: {{",
@@ -293,6 +471,13 @@ fn devices_account_lines(
         }
         o.push("    ]".to_owned());
     }
+    let leaves = match side {
+        DevicesSide::Leaf => {
+            o.push("  }".to_owned());
+            return o;
+        }
+        DevicesSide::Hub { leaves } => leaves,
+    };
     o.push("    imports: [".to_owned());
     for (subject, to) in &account_service_exports(protocols) {
         let to = to
@@ -302,6 +487,13 @@ fn devices_account_lines(
         o.push(format!(
             "      {{ service: {{ account: {ACCOUNT_FLEET}, subject: {} }}{to} }}",
             quoted(subject)
+        ));
+    }
+    if leaves {
+        o.push(format!(
+            "      {{ service: {{ account: {ACCOUNT_FLEET}, subject: {} }}, to: {} }}",
+            quoted(&kv_subject(BUCKET_STATUS, "*.>")),
+            quoted(&leaf_status_import())
         ));
     }
     for subject in &account_stream_exports(protocols) {
@@ -458,6 +650,7 @@ mod tests {
                 (DeviceId::parse("dev2").expect("valid"), "dev2pw".to_owned()),
             ],
             cluster,
+            leafnodes: None,
             protocols: DeviceProtocols::WithLegacy,
         }
     }
@@ -578,6 +771,7 @@ mod tests {
             callout_password: "calloutpw".to_owned(),
             issuer,
             cluster: None,
+            leafnodes: None,
             protocols: DeviceProtocols::WithLegacy,
         });
         for line in [
@@ -631,6 +825,73 @@ mod tests {
                 "missing line {line:?} in:\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn a_hub_listens_for_leaves_and_a_leaf_binds_devices_and_system() {
+        let mut hub = config(None);
+        hub.leafnodes = Some(LeafnodeListener {
+            listen: "0.0.0.0:7422".parse().expect("addr"),
+            password: "leafpw".to_owned(),
+        });
+        let text = static_server_config(&hub);
+        let listener = [
+            "leafnodes {",
+            r#"  listen: "0.0.0.0:7422""#,
+            "  authorization {",
+            "    users: [",
+            r#"      { user: "leaf-devices", password: "leafpw", account: DEVICES }"#,
+            r#"      { user: "leaf-system", password: "leafpw", account: SYS }"#,
+            "    ]",
+            "  }",
+            "}",
+            "",
+        ]
+        .join("\n");
+        assert!(text.ends_with(&listener), "{text}");
+        assert!(text.lines().any(|l| l
+            == r#"      { service: { account: FLEET, subject: "$KV.fleet-status.*.>" }, to: "fleetstatus.*.>" }"#), "{text}");
+        assert!(!static_server_config(&config(None)).contains("leafnodes"));
+
+        let leaf = leaf_server_config(&LeafServerConfig {
+            listen: "0.0.0.0:4222".parse().expect("addr"),
+            server_name: "leaf-1".to_owned(),
+            hubs: vec!["hub1.example:7422".to_owned(), "10.0.0.2:7422".to_owned()],
+            leaf_password: "p@ss w/rd".to_owned(),
+            devices: config(None).devices,
+            protocols: DeviceProtocols::Current,
+        });
+        for line in [
+            "# Generated by fleet_common::nats_config::leaf_server_config: regenerate, do not edit.",
+            r#"listen: "0.0.0.0:4222""#,
+            r#"ping_interval: "240s""#,
+            r#"server_name: "leaf-1""#,
+            "system_account: SYS",
+            "  SYS { }",
+            "  DEVICES {",
+            r#"    mappings: { "$KV.fleet-status.*.>": "fleetstatus.$1.>" }"#,
+            r#"          subscribe: { allow: [ "_INBOX.dev2.>", "fleetkv.fleet-workloads.dev2.desired", "fleetkv.fleet-control.dev2.agent-upgrade-intent" ] }"#,
+            r#"    { urls: [ "nats-leaf://leaf-devices:p%40ss%20w%2Frd@hub1.example:7422", "nats-leaf://leaf-devices:p%40ss%20w%2Frd@10.0.0.2:7422" ], account: DEVICES }"#,
+            r#"    { urls: [ "nats-leaf://leaf-system:p%40ss%20w%2Frd@hub1.example:7422", "nats-leaf://leaf-system:p%40ss%20w%2Frd@10.0.0.2:7422" ], account: SYS }"#,
+        ] {
+            assert!(
+                leaf.lines().any(|l| l == line),
+                "missing line {line:?} in:\n{leaf}"
+            );
+        }
+        // A device's status keys as the leaf maps them, its own only.
+        assert!(
+            leaf.contains(r#""$KV.fleet-status.dev1.>", "fleetstatus.dev1.>""#),
+            "{leaf}"
+        );
+        assert_eq!(leaf.matches("fleetstatus.dev").count(), 2, "{leaf}");
+        // No JetStream, no FLEET, no imports: a device's requests cross to
+        // the hub's DEVICES.
+        for absent in ["jetstream", "FLEET", "imports", "admin"] {
+            assert!(!leaf.contains(absent), "{absent} in:\n{leaf}");
+        }
+        assert_eq!(leaf.matches('{').count(), leaf.matches('}').count());
+        assert_eq!(leaf.matches('[').count(), leaf.matches(']').count());
     }
 
     #[test]

@@ -6,11 +6,14 @@
 //!
 //! Steps of one read:
 //! 1. [`Collector::new`] with the servers expected (the peers of the
-//!    status stream; more appear as they answer).
+//!    status stream; more appear as they answer). A leaf node a server
+//!    lists a link of (`kind` `Leafnode`, its `server_name`) is expected
+//!    too: its devices are on it; a link is never a device.
 //! 2. Round 0 goes to every server at once ([`Collector::first_page`]):
 //!    each answers with the first page of its own device connections.
 //! 3. While a server has more ([`Collector::next_pages`]), its next pages
-//!    are asked of it alone, a window at a time. Pages overlap by
+//!    are asked of it alone, a window at a time (and the first page of an
+//!    expected server that did not answer round 0). Pages overlap by
 //!    [`PAGE_OVERLAP`] connections: the server lists them by connection id,
 //!    a connection closed meanwhile shifts the rest left, and the overlap
 //!    must still hold the previous page's last id, or the server's list is
@@ -104,6 +107,14 @@ pub struct ConnzConnection {
     /// The `name` of a user JWT: the device id the auth callout issued.
     #[serde(default)]
     pub name_tag: Option<String>,
+    /// `Client` for a device; `Leafnode` for a leaf node's link into
+    /// `DEVICES` (absent before servers said it: a client).
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// The client's own name; for a leaf node's link as the hub lists it,
+    /// the leaf's `server_name`.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 impl ConnzConnection {
@@ -113,6 +124,9 @@ impl ConnzConnection {
     /// account's name for a static user: never taken then). Never the
     /// client's own `name`: a device chooses that.
     fn device(&self) -> Option<DeviceId> {
+        if self.kind.as_deref().is_some_and(|k| k != KIND_CLIENT) {
+            return None; // a leaf node's link, not a device
+        }
         match self.authorized_user.as_deref() {
             Some(u) if !is_user_nkey(u) => DeviceId::parse(u).ok(),
             _ => self
@@ -165,6 +179,8 @@ struct EventClient {
     user: Option<String>,
     #[serde(default)]
     name_tag: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
 }
 
 /// A device's connection opened or closed, as the cluster's connect and
@@ -198,6 +214,8 @@ pub fn connection_event(subject: &str, bytes: &[u8], now: Timestamp) -> Option<C
         rtt: None,
         authorized_user: e.client.user,
         name_tag: e.client.name_tag,
+        kind: e.client.kind,
+        name: None,
     }
     .device()?;
     let own = if connected {
@@ -375,6 +393,11 @@ impl Paging {
     }
 }
 
+/// The `kind` CONNZ gives a client connection (a device); a leaf node's
+/// link is `Leafnode`.
+const KIND_CLIENT: &str = "Client";
+const KIND_LEAFNODE: &str = "Leafnode";
+
 /// Step of a page: each repeats [`PAGE_OVERLAP`] of the one before.
 const PAGE_STEP: usize = PAGE_LIMIT - PAGE_OVERLAP;
 
@@ -392,6 +415,13 @@ pub struct Collector {
 }
 
 impl Collector {
+    /// Every server that has answered becomes expected (a stream without a
+    /// cluster: the one server that answered first), as do the leaves it
+    /// named.
+    pub fn expect_answered(&mut self) {
+        self.expected.extend(self.servers.keys().cloned());
+    }
+
     pub fn new(expected: impl IntoIterator<Item = String>) -> Self {
         Collector {
             expected: expected.into_iter().collect(),
@@ -408,8 +438,10 @@ impl Collector {
     }
 
     /// Whether every expected server has answered round 0 (the caller may
-    /// stop waiting for it). With no expected set, never: the caller waits
-    /// its deadline.
+    /// stop waiting for it). Expected are the servers given to
+    /// [`new`](Self::new) and every leaf node a server lists a link of:
+    /// the leaf's devices are on it. With no expected set, never: the caller
+    /// waits its deadline.
     pub fn first_round_done(&self) -> bool {
         !self.expected.is_empty() && self.expected.iter().all(|s| self.servers.contains_key(s))
     }
@@ -422,7 +454,25 @@ impl Collector {
     /// The pages to ask next: (server, offset, body). Marks them awaited.
     pub fn next_pages(&mut self) -> Vec<(String, usize, String)> {
         let mut out = Vec::new();
+        // A leaf named only by a later page, or slower than round 0:
+        // its first page, asked of it alone.
+        let unasked: Vec<String> = self
+            .expected
+            .iter()
+            .filter(|e| !self.servers.contains_key(*e))
+            .cloned()
+            .collect();
+        for name in unasked {
+            let mut p = Paging::new();
+            p.waiting.insert(0);
+            p.next = PAGE_STEP;
+            out.push((name.clone(), 0, page_request(0, Some(&name))));
+            self.servers.insert(name, p);
+        }
         for (name, p) in &mut self.servers {
+            if out.iter().any(|(n, _, _)| n == name) {
+                continue;
+            }
             if p.broken.is_some() || !p.waiting.is_empty() {
                 continue;
             }
@@ -493,7 +543,13 @@ impl Collector {
         p.total = p.total.max(data.total);
         p.pages
             .insert(offset, (first, last, data.connections.len()));
+        let mut leaves = Vec::new();
         for c in &data.connections {
+            if c.kind.as_deref() == Some(KIND_LEAFNODE) {
+                if let Some(leaf) = c.name.as_deref().filter(|l| !l.is_empty() && *l != name) {
+                    leaves.push(leaf.to_owned());
+                }
+            }
             let Some(id) = c.device() else { continue };
             let since = c.start.as_deref().and_then(|s| Timestamp::parse(s).ok());
             let key = (since, c.cid);
@@ -513,6 +569,7 @@ impl Collector {
                 );
             }
         }
+        self.expected.extend(leaves);
         true
     }
 
@@ -525,7 +582,13 @@ impl Collector {
             .map(|(n, _)| n.clone())
             .collect();
         for n in late {
-            self.break_server(&n, "did not answer every page in time".to_owned());
+            let none = self.servers.get(&n).is_some_and(|p| p.pages.is_empty());
+            let why = if none {
+                "did not answer"
+            } else {
+                "did not answer every page in time"
+            };
+            self.break_server(&n, why.to_owned());
         }
     }
 
@@ -640,6 +703,101 @@ mod tests {
             Connection::Offline { last_seen: t }
         );
         assert_eq!(p.connection(&id("dev3"), None), Connection::NeverSeen);
+    }
+
+    /// A page of `server` with leaf links (as a hub lists them: the
+    /// leaf's name, the hub's leaf user, which is a valid device id) and
+    /// devices.
+    fn answer_with_leaves(
+        server: &str,
+        leaves: &[(u64, &str)],
+        devices: &[(u64, &str)],
+    ) -> Vec<u8> {
+        let mut connections: Vec<serde_json::Value> = leaves
+            .iter()
+            .map(|(cid, leaf)| {
+                serde_json::json!({
+                    "cid": cid, "kind": "Leafnode", "name": leaf,
+                    "authorized_user": "leaf-devices", "account": "DEVICES"
+                })
+            })
+            .collect();
+        connections.extend(devices.iter().map(|(cid, user)| {
+            serde_json::json!({
+                "cid": cid, "kind": "Client", "type": "nats", "authorized_user": user,
+                "account": "DEVICES", "name_tag": "DEVICES"
+            })
+        }));
+        let total = connections.len();
+        serde_json::json!({
+            "server": {"name": server},
+            "data": {"total": total, "offset": 0, "connections": connections}
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn the_leaves_a_server_links_must_answer_and_their_links_are_no_devices() {
+        let mut c = Collector::new(["n1".to_owned()]);
+        c.answer(
+            None,
+            &answer_with_leaves("n1", &[(3, "leaf1"), (4, "leaf2")], &[(9, "dev9")]),
+        );
+        // n1 answered, but its leaves have not: round 0 goes on.
+        assert!(!c.first_round_done());
+        // A leaf lists its own link to the hub without a name.
+        c.answer(
+            None,
+            &answer_with_leaves("leaf1", &[(1, "")], &[(7, "dev1")]),
+        );
+        assert!(!c.first_round_done());
+        // leaf2 was slow: asked alone, and silent.
+        let pages = c.next_pages();
+        assert_eq!(pages.len(), 1, "{pages:?}");
+        assert_eq!((pages[0].0.as_str(), pages[0].1), ("leaf2", 0));
+        assert!(
+            pages[0].2.contains(r#""server_name":"leaf2""#),
+            "{}",
+            pages[0].2
+        );
+        c.timed_out();
+        let p = c.finish();
+        assert!(
+            matches!(p.connection(&id("dev1"), None), Connection::Online(o) if o.server == "leaf1")
+        );
+        assert!(
+            matches!(p.connection(&id("dev9"), None), Connection::Online(o) if o.server == "n1")
+        );
+        // The hub's leaf user is never taken for a device.
+        assert!(!p.online.contains_key(&id("leaf-devices")));
+        assert_eq!(
+            p.connection(&id("dev2"), None),
+            Connection::Unknown {
+                why: "server leaf2: did not answer".to_owned()
+            }
+        );
+
+        // Every leaf answering: a device on none is offline.
+        let mut c = Collector::new(["n1".to_owned()]);
+        c.answer(None, &answer_with_leaves("n1", &[(3, "leaf1")], &[]));
+        c.answer(
+            None,
+            &answer_with_leaves("leaf1", &[(1, "")], &[(7, "dev1")]),
+        );
+        assert!(c.first_round_done());
+        assert!(c.next_pages().is_empty());
+        let p = c.finish();
+        assert!(p.complete(), "{:?}", p.servers);
+        assert_eq!(p.connection(&id("dev2"), None), Connection::NeverSeen);
+
+        // A single JetStream server: the first to answer, and its leaves.
+        let mut c = Collector::new(Vec::new());
+        c.answer(None, &answer_with_leaves("hub", &[(3, "leaf1")], &[]));
+        c.expect_answered();
+        assert!(!c.first_round_done());
+        c.answer(None, &answer_with_leaves("leaf1", &[(1, "")], &[]));
+        assert!(c.first_round_done());
     }
 
     #[test]

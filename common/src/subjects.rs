@@ -286,6 +286,39 @@ pub fn device_permissions(device: &DeviceId, protocols: DeviceProtocols) -> Devi
     }
 }
 
+/// The subjects a leaf node's devices' status writes cross to the hub on:
+/// `fleetstatus.<device>.<key>`. A leaf node's link carries no `$KV.>`
+/// (nats-server denies it on every leafnode connection of an account
+/// other than the system account), so the leaf maps a device's
+/// `$KV.fleet-status.<device>.<key>` there ([`leaf_status_mapping`]) and
+/// the hub's `DEVICES` imports the status service under it
+/// ([`leaf_status_import`]) (docs/design/leafnodes.md).
+pub const LEAF_STATUS_PREFIX: &str = "fleetstatus";
+
+/// A leaf's `DEVICES` mapping of status writes: (from, to).
+pub fn leaf_status_mapping() -> (String, String) {
+    (
+        format!("$KV.{BUCKET_STATUS}.*.>"),
+        format!("{LEAF_STATUS_PREFIX}.$1.>"),
+    )
+}
+
+/// The subject the hub's `DEVICES` imports `FLEET`'s status service as,
+/// for the leaves' devices.
+pub fn leaf_status_import() -> String {
+    format!("{LEAF_STATUS_PREFIX}.*.>")
+}
+
+/// A device's permissions on a leaf node: [`device_permissions`] and its
+/// own status keys as the leaf maps them (the server checks a publish
+/// against the mapped subject).
+pub fn leaf_device_permissions(device: &DeviceId, protocols: DeviceProtocols) -> DevicePermissions {
+    let mut p = device_permissions(device, protocols);
+    p.publish_allow
+        .push(format!("{LEAF_STATUS_PREFIX}.{device}.>"));
+    p
+}
+
 /// Services `FLEET` exports to `DEVICES`, and the subject each is imported
 /// as (`None`: the same subject). Direct Get is exported per key shape
 /// (`*.desired`, `*.agent-upgrade-intent`), never the batch or wildcard forms.

@@ -12,6 +12,12 @@
 //!   handed to `fleet-auth-callout`, whose issuer public key and NATS user
 //!   password are given here.
 //!
+//! Either layout can be a node of a JetStream cluster (`--cluster`,
+//! `--cluster-listen`, `--route`) and listen for leaf nodes
+//! (`--leafnode-listen` with `--leaf-password-file`). `--leaf-of` writes a
+//! leaf node instead (docs/design/leafnodes.md): no JetStream, the static
+//! layout's device users, bound to the hub's leafnode listeners.
+//!
 //! Steps: validate every input file (the arguments come validated from
 //! `cli::nats_config`), then write the
 //! config (stdout, or `--output` atomically with mode 0600: it holds
@@ -27,7 +33,8 @@ use std::path::{Path, PathBuf};
 
 use fleet_common::durable::{read_bounded, write_atomic};
 use fleet_common::nats_config::{
-    callout_server_config, static_server_config, CalloutServerConfig, StaticServerConfig,
+    callout_server_config, leaf_server_config, static_server_config, CalloutServerConfig,
+    ClusterConfig, LeafServerConfig, LeafnodeListener, StaticServerConfig,
 };
 use fleet_common::nkey::{NkeyError, PublicNkey};
 use fleet_common::subjects::DeviceProtocols;
@@ -66,6 +73,10 @@ pub enum NatsConfigError {
         path: PathBuf,
     },
     Issuer(NkeyError),
+    /// A leaf node of the callout layout: not written.
+    LeafWithCallout,
+    /// `--leaf-password-file` with neither a listener nor `--leaf-of`.
+    LeafPasswordAlone,
     Random(std::io::Error),
     Write {
         path: PathBuf,
@@ -99,6 +110,14 @@ impl fmt::Display for NatsConfigError {
                 f,
                 "--issuer: {e}; print the callout's key with fleet-auth-callout public-key <seed-file>"
             ),
+            Self::LeafWithCallout => write!(
+                f,
+                "--leaf-of writes leaf nodes of the static layout only: give --devices and --passwords-dir, not --auth-callout"
+            ),
+            Self::LeafPasswordAlone => write!(
+                f,
+                "--leaf-password-file is for --leafnode-listen (a hub) or --leaf-of (a leaf): give one of them"
+            ),
             Self::Random(e) => write!(f, "cannot read /dev/urandom for a password: {e}"),
             Self::Write { path, detail } => {
                 write!(f, "cannot write {}: {detail}", path.display())
@@ -122,12 +141,30 @@ pub enum Layout {
     },
 }
 
+/// What the server is: a JetStream server (optionally a cluster node and
+/// a hub for leaf nodes), or a leaf node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    Server {
+        admin_password_file: PathBuf,
+        cluster: Option<ClusterConfig>,
+        /// The leafnode listener and the file of its users' password.
+        leafnodes: Option<(SocketAddr, PathBuf)>,
+    },
+    /// A leaf node of the hubs (`host:port` each), connecting with the
+    /// password in the file. Static layout only.
+    Leaf {
+        hubs: Vec<String>,
+        leaf_password_file: PathBuf,
+    },
+}
+
 /// What to write, and where: the validated arguments of `fleetctl
 /// nats-config`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Args {
     pub layout: Layout,
-    pub admin_password_file: PathBuf,
+    pub role: Role,
     pub listen: SocketAddr,
     pub store_dir: PathBuf,
     pub server_name: Option<String>,
@@ -228,7 +265,25 @@ fn device_passwords(
 
 /// The config text for `args`.
 fn config_text(args: &Args) -> Result<String, NatsConfigError> {
-    let admin_password = read_password(&args.admin_password_file)?;
+    let (admin_password_file, cluster, leafnodes) = match &args.role {
+        Role::Leaf {
+            hubs,
+            leaf_password_file,
+        } => return leaf_config_text(args, hubs, leaf_password_file),
+        Role::Server {
+            admin_password_file,
+            cluster,
+            leafnodes,
+        } => (admin_password_file, cluster, leafnodes),
+    };
+    let admin_password = read_password(admin_password_file)?;
+    let leafnodes = match leafnodes {
+        Some((listen, file)) => Some(LeafnodeListener {
+            listen: *listen,
+            password: read_password(file)?,
+        }),
+        None => None,
+    };
     Ok(match &args.layout {
         Layout::Static {
             devices,
@@ -241,7 +296,8 @@ fn config_text(args: &Args) -> Result<String, NatsConfigError> {
                 store_dir: args.store_dir.clone(),
                 admin_password,
                 devices: device_passwords(ids, passwords_dir)?,
-                cluster: None,
+                cluster: cluster.clone(),
+                leafnodes,
                 protocols: args.protocols,
             })
         }
@@ -255,10 +311,37 @@ fn config_text(args: &Args) -> Result<String, NatsConfigError> {
             admin_password,
             callout_password: read_password(callout_password_file)?,
             issuer: issuer.clone(),
-            cluster: None,
+            cluster: cluster.clone(),
+            leafnodes,
             protocols: args.protocols,
         }),
     })
+}
+
+/// A leaf node's config: the static layout's device users (the same
+/// passwords as the hub's), no JetStream.
+fn leaf_config_text(
+    args: &Args,
+    hubs: &[String],
+    leaf_password_file: &Path,
+) -> Result<String, NatsConfigError> {
+    let Layout::Static {
+        devices,
+        passwords_dir,
+    } = &args.layout
+    else {
+        return Err(NatsConfigError::LeafWithCallout);
+    };
+    let leaf_password = read_password(leaf_password_file)?;
+    let ids = read_devices(devices)?;
+    Ok(leaf_server_config(&LeafServerConfig {
+        listen: args.listen,
+        server_name: args.server_name.clone().unwrap_or_default(),
+        hubs: hubs.to_vec(),
+        leaf_password,
+        devices: device_passwords(ids, passwords_dir)?,
+        protocols: args.protocols,
+    }))
 }
 
 /// Writes the config for `args`.

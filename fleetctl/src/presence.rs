@@ -5,7 +5,7 @@
 //!
 //! Steps: the servers expected are the peers of the `fleet-status` stream
 //! (leader and replicas, down ones included; a stream without a cluster:
-//! the one server); round 0 asks every server on
+//! the one server), and every leaf node they list a link of; round 0 asks every server on
 //! [`PRESENCE_CONNZ`] at once; each server's further pages are asked of it
 //! alone, a window at a time; each round waits at most
 //! [`PRESENCE_TIMEOUT`]. No responder on the subject means the server
@@ -152,7 +152,8 @@ pub fn read(conn: &nats::Connection) -> Result<Read, CtlError> {
     let mut any = false;
     let mut until = deadline;
     loop {
-        if single && any {
+        // One JetStream server: it, and the leaf nodes it links.
+        if single && any && c.first_round_done() {
             break;
         }
         if until == deadline && c.first_round_done() {
@@ -172,8 +173,11 @@ pub fn read(conn: &nats::Connection) -> Result<Read, CtlError> {
                 "no server answers {PRESENCE_CONNZ}: the server config predates presence (regenerate it with fleetctl nats-config)"
             )));
         }
-        any = true;
         c.answer(None, &m.data);
+        if single && !any {
+            c.expect_answered();
+        }
+        any = true;
     }
     if !any {
         return Ok(Read::Unavailable(format!(

@@ -7,23 +7,31 @@ use clap::Args;
 
 use super::{Failure, Output};
 use crate::nats_config::{self, Layout, NatsConfigError};
+use fleet_common::nats_config::ClusterConfig;
 use fleet_common::nkey::{NkeyKind, PublicNkey};
 use fleet_common::subjects::DeviceProtocols;
 
 const STATIC: &str = "Static layout (any server, 2.9.10 included): one user per device";
 const CALLOUT: &str =
     "Auth callout layout (server 2.10+): devices are placed by fleet-auth-callout";
+const CLUSTER: &str = "A node of a JetStream cluster";
+const LEAF: &str = "Leaf nodes (docs/design/leafnodes.md)";
 
 /// Write the nats-server config of the fleet layout
 #[derive(Debug, Args)]
 #[command(
     override_usage = "fleetctl nats-config --devices FILE --passwords-dir DIR --admin-password-file FILE [OPTIONS]
        fleetctl nats-config --auth-callout --issuer KEY --callout-password-file FILE
-                            --admin-password-file FILE [OPTIONS]",
+                            --admin-password-file FILE [OPTIONS]
+       fleetctl nats-config --leaf-of HOST:PORT... --leaf-password-file FILE --server-name NAME
+                            --devices FILE --passwords-dir DIR [OPTIONS]",
     long_about = "Write the nats-server config of the fleet layout: accounts FLEET \
 and DEVICES, the operator's user admin, and either one password user per \
-device (static layout) or the auth callout's user (auth callout layout). \
-The config goes to stdout, or to --output atomically with mode 0600 (it \
+device (static layout) or the auth callout's user (auth callout layout); \
+with --cluster a node of a JetStream cluster, with --leafnode-listen a hub \
+for leaf nodes. --leaf-of writes a leaf node instead: no JetStream, the \
+static layout's device users, its DEVICES and system accounts bound to the \
+hub's. The config goes to stdout, or to --output atomically with mode 0600 (it \
 holds passwords). Nothing is written when an argument or input file is \
 invalid. Exit codes: 0 written, 2 usage, 1 any other failure."
 )]
@@ -57,8 +65,53 @@ pub struct NatsConfig {
     #[arg(long, value_name = "FILE", help_heading = CALLOUT, requires = "auth_callout")]
     callout_password_file: Option<PathBuf>,
     /// Password of the operator's user admin in account FLEET
-    #[arg(long, value_name = "FILE", required = true)]
-    admin_password_file: PathBuf,
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "leaf_of",
+        conflicts_with = "leaf_of"
+    )]
+    admin_password_file: Option<PathBuf>,
+    /// Name of the JetStream cluster this node belongs to
+    #[arg(
+        long,
+        value_name = "NAME",
+        help_heading = CLUSTER,
+        value_parser = parse_server_name,
+        requires_all = ["cluster_listen", "route", "server_name"]
+    )]
+    cluster: Option<String>,
+    /// This node's route listen address
+    #[arg(long, value_name = "ADDR:PORT", help_heading = CLUSTER, requires = "cluster")]
+    cluster_listen: Option<SocketAddr>,
+    /// A node's route address; repeat for every node of the cluster (a
+    /// route to itself is ignored)
+    #[arg(long, value_name = "ADDR:PORT", help_heading = CLUSTER, requires = "cluster")]
+    route: Vec<SocketAddr>,
+    /// Listen for leaf nodes here (with --leaf-password-file)
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        help_heading = LEAF,
+        requires = "leaf_password_file",
+        conflicts_with = "leaf_of"
+    )]
+    leafnode_listen: Option<SocketAddr>,
+    /// Password of the hub's leaf users leaf-devices and leaf-system: the
+    /// same file for the hub's nodes and every leaf
+    #[arg(long, value_name = "FILE", help_heading = LEAF)]
+    leaf_password_file: Option<PathBuf>,
+    /// Write a leaf node of this hub node's leafnode listener instead;
+    /// repeat for every node of the hub (static layout only)
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        help_heading = LEAF,
+        value_parser = parse_hub,
+        requires_all = ["leaf_password_file", "server_name"],
+        conflicts_with_all = ["auth_callout", "cluster"]
+    )]
+    leaf_of: Vec<String>,
     /// Client listen address
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:4222")]
     listen: SocketAddr,
@@ -90,6 +143,30 @@ fn parse_server_name(name: &str) -> Result<String, String> {
     }
 }
 
+/// `host:port` of a hub's leafnode listener: a DNS name or an IPv4
+/// address, or an IPv6 address in brackets; a port from 1.
+fn parse_hub(hub: &str) -> Result<String, String> {
+    let bad =
+        || format!("{hub:?}: give HOST:PORT, for example hub1.example:7422 or [fd00::1]:7422");
+    let (host, port) = hub.rsplit_once(':').ok_or_else(bad)?;
+    if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+        return Err(bad());
+    }
+    let ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        v6.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    };
+    if ok {
+        Ok(hub.to_owned())
+    } else {
+        Err(bad())
+    }
+}
+
 impl NatsConfig {
     /// The validated arguments. The issuer key is checked here, after
     /// parsing, so that a bad key keeps its exit code 1 and its hint.
@@ -107,9 +184,33 @@ impl NatsConfig {
                 passwords_dir: self.passwords_dir.unwrap_or_default(),
             },
         };
+        let role = if self.leaf_of.is_empty() {
+            nats_config::Role::Server {
+                // clap requires it unless --leaf-of.
+                admin_password_file: self.admin_password_file.unwrap_or_default(),
+                cluster: match (self.cluster, self.cluster_listen) {
+                    (Some(name), Some(listen)) => Some(ClusterConfig {
+                        name,
+                        listen,
+                        routes: self.route,
+                    }),
+                    _ => None,
+                },
+                leafnodes: match (self.leafnode_listen, self.leaf_password_file) {
+                    (Some(listen), Some(file)) => Some((listen, file)),
+                    (None, Some(_)) => return Err(NatsConfigError::LeafPasswordAlone),
+                    _ => None,
+                },
+            }
+        } else {
+            nats_config::Role::Leaf {
+                hubs: self.leaf_of,
+                leaf_password_file: self.leaf_password_file.unwrap_or_default(),
+            }
+        };
         Ok(nats_config::Args {
             layout,
-            admin_password_file: self.admin_password_file,
+            role,
             listen: self.listen,
             store_dir: self.store_dir,
             server_name: self.server_name,
@@ -184,6 +285,121 @@ mod tests {
         assert!(matches!(a.layout, Layout::AuthCallout { .. }));
         assert_eq!(a.listen, "0.0.0.0:4222".parse().expect("addr"));
         assert_eq!(a.protocols, DeviceProtocols::Current);
+    }
+
+    #[test]
+    fn cluster_hub_and_leaf_arguments_parse() {
+        let a = args(&[
+            "--devices",
+            "d",
+            "--passwords-dir",
+            "p",
+            "--admin-password-file",
+            "a",
+            "--server-name",
+            "n1",
+            "--cluster",
+            "fleet",
+            "--cluster-listen",
+            "0.0.0.0:6222",
+            "--route",
+            "10.0.0.1:6222",
+            "--route",
+            "10.0.0.2:6222",
+            "--leafnode-listen",
+            "0.0.0.0:7422",
+            "--leaf-password-file",
+            "l",
+        ])
+        .expect("a hub node of a cluster");
+        match a.role {
+            nats_config::Role::Server {
+                cluster: Some(c),
+                leafnodes: Some((listen, file)),
+                ..
+            } => {
+                assert_eq!(c.name, "fleet");
+                assert_eq!(c.routes.len(), 2);
+                assert_eq!(listen, "0.0.0.0:7422".parse().expect("addr"));
+                assert_eq!(file, PathBuf::from("l"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let a = args(&[
+            "--leaf-of",
+            "hub1.example:7422",
+            "--leaf-of",
+            "[fd00::1]:7422",
+            "--leaf-password-file",
+            "l",
+            "--server-name",
+            "leaf-1",
+            "--devices",
+            "d",
+            "--passwords-dir",
+            "p",
+        ])
+        .expect("a leaf");
+        assert_eq!(
+            a.role,
+            nats_config::Role::Leaf {
+                hubs: vec!["hub1.example:7422".to_owned(), "[fd00::1]:7422".to_owned()],
+                leaf_password_file: "l".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn bad_cluster_and_leaf_arguments_are_refused() {
+        let err = |l: &[&str]| args(l).expect_err("refused");
+        let leaf = [
+            "--leaf-password-file",
+            "l",
+            "--server-name",
+            "leaf-1",
+            "--devices",
+            "d",
+            "--passwords-dir",
+            "p",
+        ];
+        for bad in ["hub", "hub:0", "hub:x", "a b:1", "[nope]:1", ":7422"] {
+            let e = err(&[&["--leaf-of", bad][..], &leaf[..]].concat());
+            assert!(e.contains("give HOST:PORT"), "{bad}: {e}");
+        }
+        let e = err(&[
+            "--leaf-of",
+            "h:1",
+            "--leaf-password-file",
+            "l",
+            "--devices",
+            "d",
+            "--passwords-dir",
+            "p",
+        ]);
+        assert!(e.contains("--server-name"), "{e}");
+        let e = err(&[
+            &["--leaf-of", "h:1", "--admin-password-file", "a"][..],
+            &leaf[..],
+        ]
+        .concat());
+        assert!(e.contains("cannot be used with"), "{e}");
+        let stat = [
+            "--devices",
+            "d",
+            "--passwords-dir",
+            "p",
+            "--admin-password-file",
+            "a",
+        ];
+        let e = err(&[&stat[..], &["--leaf-password-file", "l"]].concat());
+        assert!(
+            e.contains("--leaf-password-file is for --leafnode-listen"),
+            "{e}"
+        );
+        let e = err(&[&stat[..], &["--leafnode-listen", "0.0.0.0:7422"]].concat());
+        assert!(e.contains("--leaf-password-file"), "{e}");
+        let e = err(&[&stat[..], &["--cluster", "fleet", "--server-name", "n1"]].concat());
+        assert!(e.contains("--cluster-listen"), "{e}");
     }
 
     #[test]

@@ -63,6 +63,7 @@ impl CalloutNats {
                 callout_password: CALLOUT_PASSWORD.to_owned(),
                 issuer: issuer.clone(),
                 cluster: None,
+                leafnodes: None,
                 protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
             })
         });

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use fleet_common::subjects::{
     device_consumer_create_subject, device_filter, intent_key, kv_subject, stream_name,
-    BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_STATUS,
+    BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_STATUS, LEAF_STATUS_PREFIX,
 };
 use fleet_common::validate::DeviceId;
 use serde_json::{json, Value};
@@ -243,7 +243,18 @@ pub fn assert_device_isolation(admin: &nats::Connection, a: &DeviceClient, b: &D
             b"forged",
         )
         .expect("publish is buffered");
-    expect_violation(a, "Publish", &format!("$KV.fleet-status.{idb}.x"));
+    // A leaf node names the subject it maps the write to
+    // (`fleet_common::subjects::leaf_status_mapping`).
+    let err = a
+        .next_error(WAIT)
+        .unwrap_or_else(|| panic!("{ida}: no permission error for B's status"));
+    let leaf_subject = format!("{LEAF_STATUS_PREFIX}.{idb}.x\"");
+    assert!(
+        err.contains("Permissions Violation for Publish")
+            && (err.contains(&format!("$KV.fleet-status.{idb}.x\""))
+                || err.contains(&leaf_subject)),
+        "{ida}: expected a Publish violation on B's status, got {err}"
+    );
     assert_eq!(admin_get(admin, BUCKET_STATUS, &format!("{idb}.x")), None);
 
     // B's inbox and deliver subjects: subscriptions refused, B's ack unseen.

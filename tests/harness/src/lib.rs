@@ -1,6 +1,6 @@
 //! `fleet-harness`: real parts for every test — nats-server (single, fleet
-//! layout, 3-node cluster; Debian 2.9 and 2.14; 2.14 with the real
-//! `fleet-auth-callout`), an isolated Podman, an HTTPS server with a test
+//! layout, 3-node cluster, leaf nodes bound to either; Debian 2.9 and 2.14;
+//! 2.14 with the real `fleet-auth-callout`), an isolated Podman, an HTTPS server with a test
 //! CA, an identity provider on it (JWKS and OAuth2 token endpoint), Debian's
 //! Prometheus and Alertmanager (with a webhook receiver), an OCI
 //! registry (Debian's docker-registry) with a token-auth front, a booted
@@ -22,6 +22,7 @@ pub mod fuzz;
 mod https;
 mod idp;
 mod isolation;
+mod leaf;
 mod nats;
 mod netns;
 mod podman;
@@ -48,9 +49,10 @@ pub use idp::{
     IDP_AUDIENCE, IDP_ISSUER, JWKS_PATH, RSA_KID, RSA_TEST_KEY_JWK, RSA_TEST_KEY_PEM, TOKEN_PATH,
 };
 pub use isolation::{admin_get, assert_device_isolation, DeviceClient};
+pub use leaf::NatsLeaf;
 pub use nats::{
     device_password, fleet_server_config, without_presence, ClusterOptions, NatsCluster,
-    NatsServer, NatsVersion, NATS_ADMIN_PASSWORD,
+    NatsServer, NatsVersion, LEAF_PASSWORD, NATS_ADMIN_PASSWORD,
 };
 pub use netns::NetNs;
 pub use podman::{Podman, BUSYBOX_IMAGE};

@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fleet_common::nats_config::{
-    kv_stream_config, static_server_config, stream_create_subject, ClusterConfig,
+    kv_stream_config, static_server_config, stream_create_subject, ClusterConfig, LeafnodeListener,
     StaticServerConfig, ADMIN_USER, FLEET_BUCKETS,
 };
 use fleet_common::subjects::stream_name;
@@ -30,6 +30,9 @@ use crate::{find_tool, require_tool, workspace_root};
 
 /// Password of the admin user in `FLEET` in every fleet-layout server.
 pub const NATS_ADMIN_PASSWORD: &str = "adminpw";
+/// Password of the hub's leaf users in every fleet-layout server with a
+/// leafnode listener ([`NatsLeaf`](crate::NatsLeaf)).
+pub const LEAF_PASSWORD: &str = "leafpw";
 
 /// A server that does not say "Server is ready" within this is broken.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -48,7 +51,7 @@ const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 const RECONNECT_STEP: Duration = Duration::from_millis(10);
 const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(250);
 /// Attempts at a start that lost its picked port to another process.
-const PORT_ATTEMPTS: usize = 5;
+pub(crate) const PORT_ATTEMPTS: usize = 5;
 
 /// The nats-server builds the tests run against: the oldest and the newest
 /// the fleet supports.
@@ -130,11 +133,12 @@ pub fn fleet_server_config(
         admin_password: admin_password.to_owned(),
         devices: device_list(devices),
         cluster: None,
+        leafnodes: None,
         protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
     })
 }
 
-fn device_list(devices: &[(&str, &str)]) -> Vec<(DeviceId, String)> {
+pub(crate) fn device_list(devices: &[(&str, &str)]) -> Vec<(DeviceId, String)> {
     devices
         .iter()
         .map(|(id, pw)| {
@@ -146,7 +150,7 @@ fn device_list(devices: &[(&str, &str)]) -> Vec<(DeviceId, String)> {
 
 /// A free loopback port, released for the caller to bind. Another process
 /// may take it first; starts retry on "address already in use".
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -163,7 +167,7 @@ enum Mode {
 }
 
 /// Why a server did not come up.
-enum StartError {
+pub(crate) enum StartError {
     /// Its port was taken between picking and binding: try another.
     PortTaken,
     Failed(String),
@@ -172,7 +176,7 @@ enum StartError {
 /// Spawns `cmd` and waits for "Server is ready" (and, for a cluster node,
 /// the route listener, which opens after it); returns the guard and the
 /// client port from "Listening for client connections on <host>:<port>".
-fn spawn_server(
+pub(crate) fn spawn_server(
     cmd: Command,
     name: &str,
     clustered: bool,
@@ -206,6 +210,8 @@ pub struct NatsServer {
     version: NatsVersion,
     mode: Mode,
     port: u16,
+    /// The leafnode listener's port ([`NatsServer::start_fleet_hub`]).
+    leafnode_port: Option<u16>,
     child: Option<ChildGuard>,
     dir: TempDir,
 }
@@ -218,6 +224,7 @@ impl NatsServer {
             version: v,
             mode: Mode::Plain,
             port: 0,
+            leafnode_port: None,
             child: None,
             dir,
         };
@@ -252,6 +259,7 @@ impl NatsServer {
                         version: v,
                         mode: Mode::Fleet { config },
                         port,
+                        leafnode_port: None,
                         child: Some(child),
                         dir,
                     };
@@ -263,6 +271,45 @@ impl NatsServer {
             }
         }
         panic!("nats-server {v:?}: every picked port was taken ({PORT_ATTEMPTS} attempts)");
+    }
+
+    /// [`start_fleet`](Self::start_fleet) with a leafnode listener on
+    /// loopback ([`leafnode_hubs`](Self::leafnode_hubs)): the hub of
+    /// [`NatsLeaf`](crate::NatsLeaf)s.
+    pub fn start_fleet_hub(v: NatsVersion, devices: &[&str]) -> NatsServer {
+        let leaf_port = free_port();
+        let passwords: Vec<String> = devices.iter().map(|d| device_password(d)).collect();
+        let creds: Vec<(&str, &str)> = devices
+            .iter()
+            .zip(&passwords)
+            .map(|(d, p)| (*d, p.as_str()))
+            .collect();
+        let mut server = Self::start_with_config(v, |port, store| {
+            static_server_config(&StaticServerConfig {
+                listen: SocketAddr::from(([127, 0, 0, 1], port)),
+                server_name: Some("hub".to_owned()),
+                store_dir: store.to_path_buf(),
+                admin_password: NATS_ADMIN_PASSWORD.to_owned(),
+                devices: device_list(&creds),
+                cluster: None,
+                leafnodes: Some(LeafnodeListener {
+                    listen: SocketAddr::from(([127, 0, 0, 1], leaf_port)),
+                    password: LEAF_PASSWORD.to_owned(),
+                }),
+                protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
+            })
+        });
+        server.leafnode_port = Some(leaf_port);
+        server
+    }
+
+    /// The leafnode listener of a [`start_fleet_hub`](Self::start_fleet_hub)
+    /// server, `127.0.0.1:<port>` (none otherwise).
+    pub fn leafnode_hubs(&self) -> Vec<String> {
+        self.leafnode_port
+            .map(|p| format!("127.0.0.1:{p}"))
+            .into_iter()
+            .collect()
     }
 
     /// [`start_fleet`](Self::start_fleet) with a config as generated before
@@ -306,6 +353,7 @@ impl NatsServer {
                         version: v,
                         mode: Mode::Fleet { config: path },
                         port,
+                        leafnode_port: None,
                         child: Some(child),
                         dir,
                     };
@@ -440,6 +488,8 @@ pub struct NatsCluster {
     monitor_ports: Vec<u16>,
     /// Go profiling ports, with [`ClusterOptions::profiling`].
     prof_ports: Vec<u16>,
+    /// Leafnode listener ports, with [`ClusterOptions::leafnodes`].
+    leaf_ports: Vec<u16>,
     /// Each node's config file (a restart reads it again).
     configs: Vec<PathBuf>,
     nodes: Vec<Option<ChildGuard>>,
@@ -468,6 +518,9 @@ pub struct ClusterOptions {
     /// The servers' `ping_interval` instead of the generated config's
     /// (`limits::SERVER_PING_INTERVAL`): a silent link found in seconds.
     pub ping_interval: Option<Duration>,
+    /// Each node listens for leaf nodes on loopback
+    /// ([`NatsCluster::leafnode_hubs`], user passwords [`LEAF_PASSWORD`]).
+    pub leafnodes: bool,
 }
 
 /// The generated config of a node with [`ClusterOptions::listen_any`] and
@@ -540,6 +593,11 @@ impl NatsCluster {
             } else {
                 Vec::new()
             };
+            let leaf: Vec<u16> = if options.leafnodes {
+                (0..CLUSTER_NODES).map(|_| free_port()).collect()
+            } else {
+                Vec::new()
+            };
             let mut nodes = Vec::new();
             let mut port_taken = false;
             for i in 0..CLUSTER_NODES {
@@ -572,6 +630,10 @@ impl NatsCluster {
                         listen: routes[i],
                         routes: routes.clone(),
                     }),
+                    leafnodes: leaf.get(i).map(|p| LeafnodeListener {
+                        listen: SocketAddr::from(([127, 0, 0, 1], *p)),
+                        password: LEAF_PASSWORD.to_owned(),
+                    }),
                     protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
                 });
                 let text = adjust_config(&text, client[i], options);
@@ -601,6 +663,7 @@ impl NatsCluster {
                 ports: client,
                 monitor_ports: monitor,
                 prof_ports: prof,
+                leaf_ports: leaf,
                 configs: (0..CLUSTER_NODES)
                     .map(|i| base.join(format!("n{i}.conf")))
                     .collect(),
@@ -638,6 +701,15 @@ impl NatsCluster {
         self.monitor_ports
             .get(i)
             .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+    }
+
+    /// Every node's leafnode listener, `127.0.0.1:<port>` (with
+    /// [`ClusterOptions::leafnodes`]; killed nodes included).
+    pub fn leafnode_hubs(&self) -> Vec<String> {
+        self.leaf_ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect()
     }
 
     /// The Go profiling address of node `i` (with [`ClusterOptions::profiling`]).
@@ -774,7 +846,7 @@ impl NatsCluster {
     }
 }
 
-fn server_command(v: NatsVersion, args: &[&str]) -> Command {
+pub(crate) fn server_command(v: NatsVersion, args: &[&str]) -> Command {
     let mut cmd = Command::new(v.binary());
     cmd.args(args);
     cmd
@@ -787,7 +859,7 @@ fn server_command(v: NatsVersion, args: &[&str]) -> Command {
 /// the backoff. It also parses every system CA on every connect (~20 ms in a
 /// debug build) unless given a root certificate file; a throwaway one in
 /// `dir` skips that.
-fn quick(options: nats::Options, dir: &Path) -> nats::Options {
+pub(crate) fn quick(options: nats::Options, dir: &Path) -> nats::Options {
     options
         .add_root_certificate(dir.join(ANCHOR_FILE))
         .reconnect_delay_callback(reconnect_delay)
@@ -805,7 +877,7 @@ fn reconnect_delay(attempts: usize) -> Duration {
 const ANCHOR_FILE: &str = "nats-client-anchor.pem";
 
 /// A temp dir for a server, with the client anchor of [`quick`] in it.
-fn server_dir(prefix: &str) -> TempDir {
+pub(crate) fn server_dir(prefix: &str) -> TempDir {
     static PEM: OnceLock<String> = OnceLock::new();
     let pem = PEM.get_or_init(|| {
         let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("anchor key: {e}"));
@@ -905,6 +977,6 @@ fn temp_dir(prefix: &str) -> TempDir {
         .unwrap_or_else(|e| panic!("cannot create a temp dir: {e}"))
 }
 
-fn write_file(path: &Path, text: &str) {
+pub(crate) fn write_file(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
 }

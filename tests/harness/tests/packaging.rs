@@ -21,6 +21,7 @@ fn example() -> String {
             .map(|d| (DeviceId::parse(d).expect("valid"), format!("CHANGE-ME-{d}")))
             .collect(),
         cluster: None,
+        leafnodes: None,
         protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
     });
     format!(
