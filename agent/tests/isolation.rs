@@ -7,7 +7,10 @@
 //! purge the status bucket. Every refusal is observed positively — the
 //! server's permissions violation or JetStream's error — and each test
 //! also shows the allowed path works, so no refusal passes for a broken
-//! setup. (`oauth.rs` checks the same against the running agent.)
+//! setup. The same checks run with the devices on a leaf node of the hub
+//! (docs/design/leafnodes.md): the leaf enforces the same permissions,
+//! naming a refused status write by the subject it maps it to.
+//! (`oauth.rs` checks the same against the running agent.)
 
 mod common;
 
@@ -15,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{bucket, put_workload, CONVERGE};
-use fleet_harness::{poll_until, CalloutNats, Idp, NatsServer, NatsVersion};
+use fleet_harness::{poll_until, CalloutNats, Idp, NatsLeaf, NatsServer, NatsVersion};
 use serde_json::json;
 
 /// How long a reply that must not come is waited for.
@@ -28,11 +31,27 @@ enum Setup {
     Static(NatsServer),
     /// Users the auth callout issues for each device's bearer token.
     Callout { idp: Box<Idp>, callout: CalloutNats },
+    /// Static users, the devices on a leaf node of the hub.
+    Leaf { hub: NatsServer, leaf: NatsLeaf },
 }
 
 impl Setup {
     fn start(v: NatsVersion) -> Setup {
         Setup::Static(NatsServer::start_fleet(v, &["dev1", "dev2"]))
+    }
+
+    fn start_leaf(v: NatsVersion) -> Setup {
+        let hub = NatsServer::start_fleet_hub(v, &["dev1", "dev2"]);
+        let leaf = NatsLeaf::start(v, "leaf-1", &hub.leafnode_hubs(), &["dev1", "dev2"]);
+        Setup::Leaf { hub, leaf }
+    }
+
+    /// Where the devices connect.
+    fn device_url(&self) -> String {
+        match self {
+            Setup::Leaf { leaf, .. } => leaf.url(),
+            _ => self.server().url(),
+        }
     }
 
     fn start_callout() -> Setup {
@@ -60,6 +79,7 @@ impl Setup {
         match self {
             Setup::Static(s) => s,
             Setup::Callout { callout, .. } => &callout.server,
+            Setup::Leaf { hub, .. } => hub,
         }
     }
 
@@ -70,7 +90,7 @@ impl Setup {
     /// Connect options carrying device `id`'s credentials.
     fn options(&self, id: &str) -> nats::Options {
         match self {
-            Setup::Static(s) => s.device_options(id),
+            Setup::Static(s) | Setup::Leaf { hub: s, .. } => s.device_options(id),
             Setup::Callout { idp, callout } => {
                 let token = idp
                     .fetch_token(&format!("{id}-client"), &format!("{id}-secret"))
@@ -99,7 +119,7 @@ impl Dev {
         let conn = setup
             .options(id)
             .error_callback(move |err| e.lock().expect("lock").push(err.to_string()))
-            .connect(setup.server().url().as_str())
+            .connect(setup.device_url().as_str())
             .expect("device connects");
         Dev {
             id,
@@ -128,15 +148,23 @@ impl Dev {
         sub.next_timeout(wait).ok()
     }
 
-    /// Waits for the server's permissions violation naming `subject`.
+    /// Waits for the server's permissions violation naming `subject` (or,
+    /// for a status write on a leaf node, the subject the leaf maps it to:
+    /// `fleet_common::subjects::leaf_status_mapping`).
     fn violation(&self, kind: &str, subject: &str) {
-        let needle = format!("Permissions Violation for {kind} to \"{subject}\"");
-        poll_until(&format!("{}: {needle}", self.id), CONVERGE, || {
+        let mapped = subject
+            .strip_prefix("$KV.fleet-status.")
+            .map(|rest| format!("{}.{rest}", fleet_common::subjects::LEAF_STATUS_PREFIX));
+        let needles: Vec<String> = std::iter::once(subject.to_owned())
+            .chain(mapped)
+            .map(|s| format!("Permissions Violation for {kind} to \"{s}\"").to_ascii_lowercase())
+            .collect();
+        poll_until(&format!("{}: {needles:?}", self.id), CONVERGE, || {
             let errs = self.errors.lock().expect("lock");
             errs.iter()
                 .any(|e| {
-                    e.to_ascii_lowercase()
-                        .contains(&needle.to_ascii_lowercase())
+                    let e = e.to_ascii_lowercase();
+                    needles.iter().any(|n| e.contains(n))
                 })
                 .then_some(())
         });
@@ -571,4 +599,34 @@ fn device_writes_only_its_own_status_2_14() {
 #[test]
 fn device_writes_only_its_own_status_through_the_callout() {
     device_writes_only_its_own_status(&Setup::start_callout());
+}
+
+#[test]
+fn device_reads_only_its_own_keys_through_a_leaf_node_2_9() {
+    device_reads_only_its_own_keys(&Setup::start_leaf(NatsVersion::V2_9));
+}
+
+#[test]
+fn device_reads_only_its_own_keys_through_a_leaf_node_2_14() {
+    device_reads_only_its_own_keys(&Setup::start_leaf(NatsVersion::V2_14));
+}
+
+#[test]
+fn device_reads_only_its_own_keys_without_consumers_through_a_leaf_node_2_9() {
+    device_reads_only_its_own_keys_without_consumers(&Setup::start_leaf(NatsVersion::V2_9));
+}
+
+#[test]
+fn device_reads_only_its_own_keys_without_consumers_through_a_leaf_node_2_14() {
+    device_reads_only_its_own_keys_without_consumers(&Setup::start_leaf(NatsVersion::V2_14));
+}
+
+#[test]
+fn device_writes_only_its_own_status_through_a_leaf_node_2_9() {
+    device_writes_only_its_own_status(&Setup::start_leaf(NatsVersion::V2_9));
+}
+
+#[test]
+fn device_writes_only_its_own_status_through_a_leaf_node_2_14() {
+    device_writes_only_its_own_status(&Setup::start_leaf(NatsVersion::V2_14));
 }
