@@ -33,6 +33,12 @@ enum Setup {
     Callout { idp: Box<Idp>, callout: CalloutNats },
     /// Static users, the devices on a leaf node of the hub.
     Leaf { hub: NatsServer, leaf: NatsLeaf },
+    /// The callout's users, the devices on a callout-layout leaf node.
+    CalloutLeaf {
+        idp: Box<Idp>,
+        callout: CalloutNats,
+        leaf: NatsLeaf,
+    },
 }
 
 impl Setup {
@@ -46,10 +52,29 @@ impl Setup {
         Setup::Leaf { hub, leaf }
     }
 
+    fn start_callout_leaf() -> Setup {
+        let idp = Idp::start();
+        for d in ["dev1", "dev2"] {
+            idp.add_client(
+                &format!("{d}-client"),
+                &format!("{d}-secret"),
+                d,
+                Duration::from_secs(600),
+            );
+        }
+        let callout = CalloutNats::start_hub(&idp, json!({}));
+        let leaf = NatsLeaf::start_callout("leaf-1", &callout);
+        Setup::CalloutLeaf {
+            idp: Box::new(idp),
+            callout,
+            leaf,
+        }
+    }
+
     /// Where the devices connect.
     fn device_url(&self) -> String {
         match self {
-            Setup::Leaf { leaf, .. } => leaf.url(),
+            Setup::Leaf { leaf, .. } | Setup::CalloutLeaf { leaf, .. } => leaf.url(),
             _ => self.server().url(),
         }
     }
@@ -78,7 +103,7 @@ impl Setup {
     fn server(&self) -> &NatsServer {
         match self {
             Setup::Static(s) => s,
-            Setup::Callout { callout, .. } => &callout.server,
+            Setup::Callout { callout, .. } | Setup::CalloutLeaf { callout, .. } => &callout.server,
             Setup::Leaf { hub, .. } => hub,
         }
     }
@@ -91,7 +116,7 @@ impl Setup {
     fn options(&self, id: &str) -> nats::Options {
         match self {
             Setup::Static(s) | Setup::Leaf { hub: s, .. } => s.device_options(id),
-            Setup::Callout { idp, callout } => {
+            Setup::Callout { idp, callout } | Setup::CalloutLeaf { idp, callout, .. } => {
                 let token = idp
                     .fetch_token(&format!("{id}-client"), &format!("{id}-secret"))
                     .unwrap_or_else(|e| panic!("{id}: no token: {e:?}"));
@@ -629,4 +654,19 @@ fn device_writes_only_its_own_status_through_a_leaf_node_2_9() {
 #[test]
 fn device_writes_only_its_own_status_through_a_leaf_node_2_14() {
     device_writes_only_its_own_status(&Setup::start_leaf(NatsVersion::V2_14));
+}
+
+#[test]
+fn device_reads_only_its_own_keys_through_the_callout_on_a_leaf_node() {
+    device_reads_only_its_own_keys(&Setup::start_callout_leaf());
+}
+
+#[test]
+fn device_reads_only_its_own_keys_without_consumers_through_the_callout_on_a_leaf_node() {
+    device_reads_only_its_own_keys_without_consumers(&Setup::start_callout_leaf());
+}
+
+#[test]
+fn device_writes_only_its_own_status_through_the_callout_on_a_leaf_node() {
+    device_writes_only_its_own_status(&Setup::start_callout_leaf());
 }

@@ -226,7 +226,7 @@ mod tests {
     use crate::jwt::tests::{claims, keys, policy, sign_rs256, NOW};
     use crate::natsjwt::tests::{request_claims, signed_request};
     use fleet_common::b64::decode_url;
-    use fleet_common::subjects::{device_permissions, DeviceProtocols};
+    use fleet_common::subjects::{leaf_device_permissions, DeviceProtocols};
     use serde_json::{json, Value};
     use std::time::Duration;
 
@@ -299,7 +299,7 @@ mod tests {
         );
         assert!(resp["nats"]["error"].is_null());
         let user = payload(resp["nats"]["jwt"].as_str().expect("user jwt"));
-        let p = device_permissions(&device, DeviceProtocols::WithLegacy);
+        let p = leaf_device_permissions(&device, DeviceProtocols::WithLegacy);
         assert_eq!(user["aud"], "DEVICES");
         assert_eq!(
             user["name"], "dev-a",

@@ -2,8 +2,9 @@
 //! mode): the header of every NATS JWT, the authorization request the server
 //! sends on [`AUTH_CALLOUT_SUBJECT`](crate::subjects::AUTH_CALLOUT_SUBJECT),
 //! the response the callout returns, and the user claims it issues for a
-//! device, built from [`device_permissions`] (the template the static server
-//! config uses too).
+//! device, built from [`device_permissions`](crate::subjects::device_permissions)
+//! (the template the static server config uses too, with the leaf
+//! node's mapped status keys).
 //!
 //! Request types accept unknown fields (newer servers add some); the types
 //! the callout writes carry exactly what nats-server reads. Signing and
@@ -13,7 +14,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::subjects::{device_permissions, DeviceProtocols, ACCOUNT_DEVICES};
+use crate::subjects::{leaf_device_permissions, DeviceProtocols, ACCOUNT_DEVICES};
 use crate::validate::DeviceId;
 
 /// `typ` of every NATS JWT.
@@ -270,9 +271,11 @@ impl AuthResponseClaims {
 }
 
 impl UserClaims {
-    /// The user of `device` in `DEVICES`, with exactly [`device_permissions`]
-    /// and nothing else: no response permission, no deny list, the account's
-    /// limits.
+    /// The user of `device` in `DEVICES`, with exactly
+    /// [`leaf_device_permissions`] ([`device_permissions`](crate::subjects::device_permissions) and the device's
+    /// own status keys as a leaf node maps them: the same user serves on
+    /// the hub and on a leaf, docs/design/leafnodes.md) and nothing else:
+    /// no response permission, no deny list, the account's limits.
     pub fn for_device(
         device: &DeviceId,
         user_nkey: &str,
@@ -281,7 +284,7 @@ impl UserClaims {
         exp: i64,
         protocols: DeviceProtocols,
     ) -> Self {
-        let p = device_permissions(device, protocols);
+        let p = leaf_device_permissions(device, protocols);
         Self {
             aud: ACCOUNT_DEVICES.to_owned(),
             exp,
@@ -359,7 +362,7 @@ mod tests {
             200,
             DeviceProtocols::WithLegacy,
         );
-        let p = device_permissions(&d, DeviceProtocols::WithLegacy);
+        let p = leaf_device_permissions(&d, DeviceProtocols::WithLegacy);
         assert_eq!(
             serde_json::to_value(&u).expect("serializes"),
             json!({

@@ -83,6 +83,9 @@ pub const LEAF_DEVICES_USER: &str = "leaf-devices";
 /// The user a leaf binds its system account to the hub's as: the hub's
 /// CONNZ requests and the leaf's connect/disconnect events cross it.
 pub const LEAF_SYSTEM_USER: &str = "leaf-system";
+/// The user a leaf of the callout layout binds its `AUTH` account to the
+/// hub's as: its authorization requests reach the callout there.
+pub const LEAF_AUTH_USER: &str = "leaf-auth";
 
 /// The `cluster {}` block of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,7 +118,7 @@ pub fn static_server_config(c: &StaticServerConfig) -> String {
     o.extend(
         c.leafnodes
             .as_ref()
-            .map(leafnode_listener_lines)
+            .map(|l| leafnode_listener_lines(l, false))
             .unwrap_or_default(),
     );
     o.push(String::new());
@@ -177,28 +180,18 @@ pub fn callout_server_config(c: &CalloutServerConfig) -> String {
         leaves: c.leafnodes.is_some(),
     };
     o.extend(devices_account_lines(&[], c.protocols, side));
+    o.push("}".to_owned());
     o.extend(
         c.leafnodes
             .as_ref()
-            .map(leafnode_listener_lines)
+            .map(|l| leafnode_listener_lines(l, true))
             .unwrap_or_default(),
     );
-    o.extend([
-        "}".to_owned(),
-        "authorization {".to_owned(),
-        format!("  timeout: {}", NATS_AUTH_CALLOUT_TIMEOUT.as_secs()),
-        "  auth_callout {".to_owned(),
-        format!("    issuer: {}", quoted(&c.issuer.encode())),
-        format!(
-            "    auth_users: [ {}, {} ]",
-            quoted(CALLOUT_USER),
-            quoted(ADMIN_USER)
-        ),
-        format!("    account: {ACCOUNT_AUTH}"),
-        "  }".to_owned(),
-        "}".to_owned(),
-        String::new(),
-    ]);
+    o.extend(callout_authorization_lines(
+        &c.issuer,
+        &[CALLOUT_USER, ADMIN_USER],
+    ));
+    o.push(String::new());
     o.join("\n")
 }
 
@@ -217,9 +210,23 @@ pub struct LeafServerConfig {
     /// in plain text: the leaf sends it).
     pub leaf_password: String,
     /// The same device users as the hub's static layout: a device may
-    /// connect to any leaf.
+    /// connect to any leaf. None with `callout`.
     pub devices: Vec<(DeviceId, String)>,
+    /// The callout layout: devices are handed to the hub's
+    /// `fleet-auth-callout` through the bound `AUTH` account.
+    pub callout: Option<LeafCallout>,
     pub protocols: DeviceProtocols,
+}
+
+/// A leaf of the callout layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafCallout {
+    /// The callout's issuer (as in [`CalloutServerConfig::issuer`]).
+    pub issuer: PublicNkey,
+    /// The password of the leaf's own [`CALLOUT_USER`] in `AUTH`, which
+    /// nothing logs in as (the server requires its `auth_users` to
+    /// exist): random, kept nowhere else.
+    pub local_password: String,
 }
 
 /// The nats-server config text of a leaf node: no JetStream; account
@@ -229,14 +236,29 @@ pub struct LeafServerConfig {
 /// Every supported server (2.9.10 included).
 pub fn leaf_server_config(c: &LeafServerConfig) -> String {
     let mut o = header_lines("leaf_server_config", c.listen);
+    o.push(format!("server_name: {}", quoted(&c.server_name)));
+    if c.callout.is_some() {
+        o.push(format!("max_control_line: {NATS_MAX_CONTROL_LINE_BYTES}"));
+    }
     o.extend([
-        format!("server_name: {}", quoted(&c.server_name)),
         format!("system_account: {ACCOUNT_SYSTEM}"),
         "accounts {".to_owned(),
         format!("  {ACCOUNT_SYSTEM} {{ }}"),
     ]);
+    if let Some(callout) = &c.callout {
+        o.extend([
+            format!("  {ACCOUNT_AUTH} {{"),
+            format!(
+                "    users: [ {{ user: {}, password: {} }} ]",
+                quoted(CALLOUT_USER),
+                quoted(&callout.local_password)
+            ),
+            "  }".to_owned(),
+        ]);
+    }
+    let devices: &[(DeviceId, String)] = if c.callout.is_some() { &[] } else { &c.devices };
     o.extend(devices_account_lines(
-        &c.devices,
+        devices,
         c.protocols,
         DevicesSide::Leaf,
     ));
@@ -245,10 +267,14 @@ pub fn leaf_server_config(c: &LeafServerConfig) -> String {
         "leafnodes {".to_owned(),
         "  remotes: [".to_owned(),
     ]);
-    for (user, account) in [
+    let mut links = vec![
         (LEAF_DEVICES_USER, ACCOUNT_DEVICES),
         (LEAF_SYSTEM_USER, ACCOUNT_SYSTEM),
-    ] {
+    ];
+    if c.callout.is_some() {
+        links.push((LEAF_AUTH_USER, ACCOUNT_AUTH));
+    }
+    for (user, account) in links {
         let urls: Vec<String> = c
             .hubs
             .iter()
@@ -264,22 +290,50 @@ pub fn leaf_server_config(c: &LeafServerConfig) -> String {
             urls.join(", ")
         ));
     }
-    o.extend(["  ]".to_owned(), "}".to_owned(), String::new()]);
+    o.extend(["  ]".to_owned(), "}".to_owned()]);
+    if let Some(callout) = &c.callout {
+        o.extend(callout_authorization_lines(
+            &callout.issuer,
+            &[CALLOUT_USER],
+        ));
+    }
+    o.push(String::new());
     o.join("\n")
 }
 
-/// The hub's `leafnodes {}` block: one user per account a leaf binds.
-fn leafnode_listener_lines(l: &LeafnodeListener) -> Vec<String> {
+/// The `authorization {}` block handing every client but `auth_users` to
+/// the callout in [`ACCOUNT_AUTH`].
+fn callout_authorization_lines(issuer: &PublicNkey, auth_users: &[&str]) -> Vec<String> {
+    let users: Vec<String> = auth_users.iter().map(|u| quoted(u)).collect();
+    vec![
+        "authorization {".to_owned(),
+        format!("  timeout: {}", NATS_AUTH_CALLOUT_TIMEOUT.as_secs()),
+        "  auth_callout {".to_owned(),
+        format!("    issuer: {}", quoted(&issuer.encode())),
+        format!("    auth_users: [ {} ]", users.join(", ")),
+        format!("    account: {ACCOUNT_AUTH}"),
+        "  }".to_owned(),
+        "}".to_owned(),
+    ]
+}
+
+/// The hub's `leafnodes {}` block: one user per account a leaf binds
+/// (`AUTH` too in the callout layout).
+fn leafnode_listener_lines(l: &LeafnodeListener, callout: bool) -> Vec<String> {
     let mut o = vec![
         "leafnodes {".to_owned(),
         format!("  listen: {}", quoted(&l.listen.to_string())),
         "  authorization {".to_owned(),
         "    users: [".to_owned(),
     ];
-    for (user, account) in [
+    let mut users = vec![
         (LEAF_DEVICES_USER, ACCOUNT_DEVICES),
         (LEAF_SYSTEM_USER, ACCOUNT_SYSTEM),
-    ] {
+    ];
+    if callout {
+        users.push((LEAF_AUTH_USER, ACCOUNT_AUTH));
+    }
+    for (user, account) in users {
         o.push(format!(
             "      {{ user: {}, password: {}, account: {account} }}",
             quoted(user),
@@ -859,6 +913,7 @@ mod tests {
             hubs: vec!["hub1.example:7422".to_owned(), "10.0.0.2:7422".to_owned()],
             leaf_password: "p@ss w/rd".to_owned(),
             devices: config(None).devices,
+            callout: None,
             protocols: DeviceProtocols::Current,
         });
         for line in [
@@ -892,6 +947,73 @@ mod tests {
         }
         assert_eq!(leaf.matches('{').count(), leaf.matches('}').count());
         assert_eq!(leaf.matches('[').count(), leaf.matches(']').count());
+    }
+
+    #[test]
+    fn a_callout_hub_and_leaf_bind_auth_too() {
+        let issuer = PublicNkey::parse_kind(
+            "ACODERUVFFAWZQDSS6SBIACUA5O6SXF7HJ3YTYXBALHZP3P7R4BUO4J2",
+            crate::nkey::NkeyKind::Account,
+        )
+        .expect("published account key");
+        let hub = callout_server_config(&CalloutServerConfig {
+            listen: "127.0.0.1:4222".parse().expect("addr"),
+            server_name: Some("hub".to_owned()),
+            store_dir: PathBuf::from("/var/lib/nats/jetstream"),
+            admin_password: "adminpw".to_owned(),
+            callout_password: "calloutpw".to_owned(),
+            issuer: issuer.clone(),
+            cluster: None,
+            leafnodes: Some(LeafnodeListener {
+                listen: "0.0.0.0:7422".parse().expect("addr"),
+                password: "leafpw".to_owned(),
+            }),
+            protocols: DeviceProtocols::Current,
+        });
+        // The listener follows the accounts block, before authorization.
+        let accounts_end = hub
+            .find("\n}\nleafnodes {")
+            .expect("listener after the accounts");
+        assert!(
+            accounts_end < hub.find("authorization {").expect("authorization"),
+            "{hub}"
+        );
+        assert!(
+            hub.contains(r#"      { user: "leaf-auth", password: "leafpw", account: AUTH }"#),
+            "{hub}"
+        );
+        assert!(hub.contains(r#"to: "fleetstatus.*.>""#), "{hub}");
+
+        let leaf = leaf_server_config(&LeafServerConfig {
+            listen: "0.0.0.0:4222".parse().expect("addr"),
+            server_name: "leaf-1".to_owned(),
+            hubs: vec!["hub:7422".to_owned()],
+            leaf_password: "leafpw".to_owned(),
+            devices: config(None).devices,
+            callout: Some(LeafCallout {
+                issuer,
+                local_password: "localpw".to_owned(),
+            }),
+            protocols: DeviceProtocols::Current,
+        });
+        for line in [
+            "max_control_line: 12288",
+            "  AUTH {",
+            r#"    users: [ { user: "auth-callout", password: "localpw" } ]"#,
+            r#"    { urls: [ "nats-leaf://leaf-auth:leafpw@hub:7422" ], account: AUTH }"#,
+            "  auth_callout {",
+            r#"    auth_users: [ "auth-callout" ]"#,
+            "    account: AUTH",
+        ] {
+            assert!(
+                leaf.lines().any(|l| l == line),
+                "missing {line:?} in:\n{leaf}"
+            );
+        }
+        // The callout issues the users: none listed, even if given.
+        assert!(!leaf.contains("permissions"), "{leaf}");
+        assert!(!leaf.contains("calloutpw"), "{leaf}");
+        assert_eq!(leaf.matches('{').count(), leaf.matches('}').count());
     }
 
     #[test]

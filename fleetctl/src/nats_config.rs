@@ -15,8 +15,9 @@
 //! Either layout can be a node of a JetStream cluster (`--cluster`,
 //! `--cluster-listen`, `--route`) and listen for leaf nodes
 //! (`--leafnode-listen` with `--leaf-password-file`). `--leaf-of` writes a
-//! leaf node instead (docs/design/leafnodes.md): no JetStream, the static
-//! layout's device users, bound to the hub's leafnode listeners.
+//! leaf node instead (docs/design/leafnodes.md): no JetStream, bound to the
+//! hub's leafnode listeners, with the static layout's device users or
+//! (`--auth-callout`) its clients handed to the hub's callout.
 //!
 //! Steps: validate every input file (the arguments come validated from
 //! `cli::nats_config`), then write the
@@ -34,7 +35,7 @@ use std::path::{Path, PathBuf};
 use fleet_common::durable::{read_bounded, write_atomic};
 use fleet_common::nats_config::{
     callout_server_config, leaf_server_config, static_server_config, CalloutServerConfig,
-    ClusterConfig, LeafServerConfig, LeafnodeListener, StaticServerConfig,
+    ClusterConfig, LeafCallout, LeafServerConfig, LeafnodeListener, StaticServerConfig,
 };
 use fleet_common::nkey::{NkeyError, PublicNkey};
 use fleet_common::subjects::DeviceProtocols;
@@ -73,8 +74,10 @@ pub enum NatsConfigError {
         path: PathBuf,
     },
     Issuer(NkeyError),
-    /// A leaf node of the callout layout: not written.
-    LeafWithCallout,
+    /// `--auth-callout` for a JetStream server without the callout's password.
+    CalloutPasswordMissing,
+    /// `--issuer` or `--callout-password-file` without `--auth-callout`.
+    CalloutArgumentAlone,
     /// `--leaf-password-file` with neither a listener nor `--leaf-of`.
     LeafPasswordAlone,
     Random(std::io::Error),
@@ -110,9 +113,13 @@ impl fmt::Display for NatsConfigError {
                 f,
                 "--issuer: {e}; print the callout's key with fleet-auth-callout public-key <seed-file>"
             ),
-            Self::LeafWithCallout => write!(
+            Self::CalloutArgumentAlone => write!(
                 f,
-                "--leaf-of writes leaf nodes of the static layout only: give --devices and --passwords-dir, not --auth-callout"
+                "--issuer and --callout-password-file are for --auth-callout: add it, or leave them out for the static layout"
+            ),
+            Self::CalloutPasswordMissing => write!(
+                f,
+                "--auth-callout needs --callout-password-file <FILE> (the password of the callout's NATS user) unless it writes a leaf (--leaf-of)"
             ),
             Self::LeafPasswordAlone => write!(
                 f,
@@ -137,7 +144,9 @@ pub enum Layout {
     },
     AuthCallout {
         issuer: PublicNkey,
-        callout_password_file: PathBuf,
+        /// The callout user's password (a JetStream server's; a leaf
+        /// never holds it).
+        callout_password_file: Option<PathBuf>,
     },
 }
 
@@ -309,7 +318,11 @@ fn config_text(args: &Args) -> Result<String, NatsConfigError> {
             server_name: args.server_name.clone(),
             store_dir: args.store_dir.clone(),
             admin_password,
-            callout_password: read_password(callout_password_file)?,
+            callout_password: read_password(
+                callout_password_file
+                    .as_deref()
+                    .ok_or(NatsConfigError::CalloutPasswordMissing)?,
+            )?,
             issuer: issuer.clone(),
             cluster: cluster.clone(),
             leafnodes,
@@ -319,27 +332,38 @@ fn config_text(args: &Args) -> Result<String, NatsConfigError> {
 }
 
 /// A leaf node's config: the static layout's device users (the same
-/// passwords as the hub's), no JetStream.
+/// passwords as the hub's), or the callout's issuer and a random password
+/// for the leaf's own callout user (which nothing logs in as); no
+/// JetStream.
 fn leaf_config_text(
     args: &Args,
     hubs: &[String],
     leaf_password_file: &Path,
 ) -> Result<String, NatsConfigError> {
-    let Layout::Static {
-        devices,
-        passwords_dir,
-    } = &args.layout
-    else {
-        return Err(NatsConfigError::LeafWithCallout);
-    };
     let leaf_password = read_password(leaf_password_file)?;
-    let ids = read_devices(devices)?;
+    let (devices, callout) = match &args.layout {
+        Layout::Static {
+            devices,
+            passwords_dir,
+        } => (
+            device_passwords(read_devices(devices)?, passwords_dir)?,
+            None,
+        ),
+        Layout::AuthCallout { issuer, .. } => (
+            Vec::new(),
+            Some(LeafCallout {
+                issuer: issuer.clone(),
+                local_password: generate_password()?,
+            }),
+        ),
+    };
     Ok(leaf_server_config(&LeafServerConfig {
         listen: args.listen,
         server_name: args.server_name.clone().unwrap_or_default(),
         hubs: hubs.to_vec(),
         leaf_password,
-        devices: device_passwords(ids, passwords_dir)?,
+        devices,
+        callout,
         protocols: args.protocols,
     }))
 }

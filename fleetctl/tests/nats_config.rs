@@ -310,6 +310,33 @@ fn callout_config_starts_on_2_14_and_is_refused_by_2_9() {
         .expect("the callout user connects");
     callout.flush().expect("flush");
 
+    // A leaf of the callout layout: valid for 2.14, no callout password
+    // in it.
+    let leaf_conf = inputs.path("callout-leaf.conf");
+    let o = fleetctl(&[
+        "nats-config",
+        "--leaf-of",
+        "127.0.0.1:7422",
+        "--leaf-password-file",
+        s(&inputs.path("leaf-pw")),
+        "--server-name",
+        "leaf-1",
+        "--auth-callout",
+        "--issuer",
+        ISSUER,
+        "--output",
+        s(&leaf_conf),
+    ]);
+    assert!(o.status.success(), "fleetctl: {o:?}");
+    let text = std::fs::read_to_string(&leaf_conf).expect("written");
+    assert!(!text.contains("callout-pw"), "{text}");
+    assert!(text.contains("account: AUTH }"), "{text}");
+    let o = Command::new(NatsVersion::V2_14.binary())
+        .args(["-c", s(&leaf_conf), "-t"])
+        .output()
+        .expect("run nats-server -t");
+    assert!(o.status.success(), "2.14 refused the callout leaf: {o:?}");
+
     // 2.9.10 has no auth callout: its config test refuses the file.
     let conf = inputs.path("callout.conf");
     std::fs::write(&conf, inputs.callout_config(4222, &inputs.path("store"))).expect("write");

@@ -29,9 +29,10 @@ const LEAF: &str = "Leaf nodes (docs/design/leafnodes.md)";
 and DEVICES, the operator's user admin, and either one password user per \
 device (static layout) or the auth callout's user (auth callout layout); \
 with --cluster a node of a JetStream cluster, with --leafnode-listen a hub \
-for leaf nodes. --leaf-of writes a leaf node instead: no JetStream, the \
-static layout's device users, its DEVICES and system accounts bound to the \
-hub's. The config goes to stdout, or to --output atomically with mode 0600 (it \
+for leaf nodes. --leaf-of writes a leaf node instead: no JetStream, its \
+DEVICES and system accounts bound to the hub's, with the static layout's \
+device users or, with --auth-callout, its clients handed to the hub's \
+callout through its bound AUTH account. The config goes to stdout, or to --output atomically with mode 0600 (it \
 holds passwords). Nothing is written when an argument or input file is \
 invalid. Exit codes: 0 written, 2 usage, 1 any other failure."
 )]
@@ -56,13 +57,20 @@ pub struct NatsConfig {
     )]
     passwords_dir: Option<PathBuf>,
     /// Hand every device to fleet-auth-callout
-    #[arg(long, help_heading = CALLOUT, requires_all = ["issuer", "callout_password_file"])]
+    #[arg(long, help_heading = CALLOUT, requires = "issuer")]
     auth_callout: bool,
     /// The callout's issuer public key (fleet-auth-callout public-key <seed>)
     #[arg(long, value_name = "KEY", help_heading = CALLOUT, requires = "auth_callout")]
     issuer: Option<String>,
     /// Password of the callout's NATS user auth-callout
-    #[arg(long, value_name = "FILE", help_heading = CALLOUT, requires = "auth_callout")]
+    /// (not for a leaf node: it never holds the callout's password)
+    #[arg(
+        long,
+        value_name = "FILE",
+        help_heading = CALLOUT,
+        requires = "auth_callout",
+        conflicts_with = "leaf_of"
+    )]
     callout_password_file: Option<PathBuf>,
     /// Password of the operator's user admin in account FLEET
     #[arg(
@@ -102,14 +110,14 @@ pub struct NatsConfig {
     #[arg(long, value_name = "FILE", help_heading = LEAF)]
     leaf_password_file: Option<PathBuf>,
     /// Write a leaf node of this hub node's leafnode listener instead;
-    /// repeat for every node of the hub (static layout only)
+    /// repeat for every node of the hub
     #[arg(
         long,
         value_name = "HOST:PORT",
         help_heading = LEAF,
         value_parser = parse_hub,
         requires_all = ["leaf_password_file", "server_name"],
-        conflicts_with_all = ["auth_callout", "cluster"]
+        conflicts_with_all = ["cluster"]
     )]
     leaf_of: Vec<String>,
     /// Client listen address
@@ -172,13 +180,21 @@ impl NatsConfig {
     /// parsing, so that a bad key keeps its exit code 1 and its hint.
     fn args(self) -> Result<nats_config::Args, NatsConfigError> {
         let layout = match (self.auth_callout, self.issuer, self.callout_password_file) {
-            (true, Some(issuer), Some(callout_password_file)) => Layout::AuthCallout {
-                issuer: PublicNkey::parse_kind(&issuer, NkeyKind::Account)
-                    .map_err(NatsConfigError::Issuer)?,
-                callout_password_file,
-            },
+            (true, Some(issuer), callout_password_file) => {
+                if callout_password_file.is_none() && self.leaf_of.is_empty() {
+                    return Err(NatsConfigError::CalloutPasswordMissing);
+                }
+                Layout::AuthCallout {
+                    issuer: PublicNkey::parse_kind(&issuer, NkeyKind::Account)
+                        .map_err(NatsConfigError::Issuer)?,
+                    callout_password_file,
+                }
+            }
+            (false, Some(_), _) | (false, _, Some(_)) => {
+                return Err(NatsConfigError::CalloutArgumentAlone)
+            }
             // clap requires the devices file and passwords dir without
-            // --auth-callout, the issuer and callout password with it.
+            // --auth-callout, the issuer with it.
             _ => Layout::Static {
                 devices: self.devices.unwrap_or_default(),
                 passwords_dir: self.passwords_dir.unwrap_or_default(),
@@ -347,6 +363,33 @@ mod tests {
                 leaf_password_file: "l".into(),
             }
         );
+    }
+
+    #[test]
+    fn a_leaf_of_the_callout_layout_needs_no_callout_password() {
+        let leaf = [
+            "--leaf-of",
+            "h:7422",
+            "--leaf-password-file",
+            "l",
+            "--server-name",
+            "leaf-1",
+            "--auth-callout",
+            "--issuer",
+            ISSUER,
+        ];
+        let a = args(&leaf).expect("a callout leaf");
+        assert!(matches!(
+            a.layout,
+            Layout::AuthCallout {
+                callout_password_file: None,
+                ..
+            }
+        ));
+        assert!(matches!(a.role, nats_config::Role::Leaf { .. }));
+        let e =
+            args(&[&leaf[..], &["--callout-password-file", "c"]].concat()).expect_err("refused");
+        assert!(e.contains("cannot be used with"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fleet_common::nats_config::{callout_server_config, CalloutServerConfig};
+use fleet_common::nats_config::{callout_server_config, CalloutServerConfig, LeafnodeListener};
 use fleet_common::nkey::{NkeyKind, PublicNkey};
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -17,7 +17,7 @@ use tempfile::TempDir;
 use crate::bin_path;
 use crate::idp::{Idp, IDP_AUDIENCE, IDP_ISSUER};
 use crate::isolation::DeviceClient;
-use crate::nats::{NatsServer, NatsVersion, NATS_ADMIN_PASSWORD};
+use crate::nats::{free_port, NatsServer, NatsVersion, LEAF_PASSWORD, NATS_ADMIN_PASSWORD};
 use crate::proc::ChildGuard;
 
 /// The callout's password in account `AUTH`.
@@ -36,6 +36,10 @@ fn write_private(path: &Path, text: &str) {
 pub struct CalloutNats {
     pub server: NatsServer,
     pub callout: ChildGuard,
+    /// The callout's issuer: a callout-layout leaf's config names it.
+    pub issuer: PublicNkey,
+    /// The leafnode listener, with [`start_hub`](Self::start_hub).
+    leafnode_port: Option<u16>,
     _dir: TempDir,
 }
 
@@ -43,6 +47,26 @@ impl CalloutNats {
     /// Everything up, the callout answering. `extra` is merged into the
     /// callout's config (`clock_skew_secs`, `jwks_min_refetch_secs`, ...).
     pub fn start(idp: &Idp, extra: Value) -> CalloutNats {
+        Self::start_inner(idp, extra, false)
+    }
+
+    /// [`start`](Self::start) with a leafnode listener on loopback
+    /// ([`leafnode_hubs`](Self::leafnode_hubs)) for callout-layout
+    /// [`NatsLeaf`](crate::NatsLeaf)s, the server named `hub`.
+    pub fn start_hub(idp: &Idp, extra: Value) -> CalloutNats {
+        Self::start_inner(idp, extra, true)
+    }
+
+    /// The leafnode listener of a [`start_hub`](Self::start_hub) server.
+    pub fn leafnode_hubs(&self) -> Vec<String> {
+        self.leafnode_port
+            .map(|p| format!("127.0.0.1:{p}"))
+            .into_iter()
+            .collect()
+    }
+
+    fn start_inner(idp: &Idp, extra: Value, leaves: bool) -> CalloutNats {
+        let leafnode_port = leaves.then(free_port);
         let dir = tempfile::tempdir().expect("tempdir");
         let seed = dir.path().join("issuer.nk");
         let out = Command::new(bin_path("fleet-auth-callout"))
@@ -57,13 +81,16 @@ impl CalloutNats {
         let server = NatsServer::start_with_config(NatsVersion::V2_14, |port, store| {
             callout_server_config(&CalloutServerConfig {
                 listen: ([127, 0, 0, 1], port).into(),
-                server_name: None,
+                server_name: leaves.then(|| "hub".to_owned()),
                 store_dir: store.to_path_buf(),
                 admin_password: NATS_ADMIN_PASSWORD.to_owned(),
                 callout_password: CALLOUT_PASSWORD.to_owned(),
                 issuer: issuer.clone(),
                 cluster: None,
-                leafnodes: None,
+                leafnodes: leafnode_port.map(|p| LeafnodeListener {
+                    listen: ([127, 0, 0, 1], p).into(),
+                    password: LEAF_PASSWORD.to_owned(),
+                }),
                 protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
             })
         });
@@ -93,6 +120,8 @@ impl CalloutNats {
         CalloutNats {
             server,
             callout,
+            issuer,
+            leafnode_port,
             _dir: dir,
         }
     }

@@ -15,10 +15,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use fleet_common::nats_config::{leaf_server_config, LeafServerConfig};
+use fleet_common::nats_config::{leaf_server_config, LeafCallout, LeafServerConfig};
 use fleet_common::subjects::{
-    desired_doc_key, device_direct_get_subject, DeviceProtocols, ACCOUNT_DEVICES, ACCOUNT_SYSTEM,
-    BUCKET_WORKLOADS,
+    desired_doc_key, device_direct_get_subject, DeviceProtocols, ACCOUNT_AUTH, ACCOUNT_DEVICES,
+    ACCOUNT_SYSTEM, BUCKET_WORKLOADS,
 };
 use fleet_common::validate::DeviceId;
 use rustix::process::Signal;
@@ -48,6 +48,8 @@ pub struct NatsLeaf {
     config: PathBuf,
     /// A device whose Direct Get probes the path to the hub after a start.
     probe: Option<String>,
+    /// The accounts bound to the hub: a start waits for each link.
+    links: Vec<&'static str>,
     child: Option<ChildGuard>,
     dir: TempDir,
 }
@@ -72,6 +74,29 @@ impl NatsLeaf {
                 hubs: hubs.to_vec(),
                 leaf_password: LEAF_PASSWORD.to_owned(),
                 devices: device_list(&creds),
+                callout: None,
+                protocols: DeviceProtocols::WithLegacy,
+            })
+        })
+    }
+
+    /// A leaf of the callout layout (nats-server 2.14): no device users;
+    /// its clients are handed to the `fleet-auth-callout` of `hub`
+    /// (a [`CalloutNats::start_hub`](crate::CalloutNats::start_hub)) through
+    /// the bound `AUTH` account.
+    pub fn start_callout(name: &str, hub: &crate::CalloutNats) -> NatsLeaf {
+        let hubs = hub.leafnode_hubs();
+        Self::start_inner_with(NatsVersion::V2_14, name, None, true, |port| {
+            leaf_server_config(&LeafServerConfig {
+                listen: SocketAddr::from(([127, 0, 0, 1], port)),
+                server_name: name.to_owned(),
+                hubs: hubs.clone(),
+                leaf_password: LEAF_PASSWORD.to_owned(),
+                devices: Vec::new(),
+                callout: Some(LeafCallout {
+                    issuer: hub.issuer.clone(),
+                    local_password: format!("{name}-unused-local-callout-pw"),
+                }),
                 protocols: DeviceProtocols::WithLegacy,
             })
         })
@@ -95,6 +120,16 @@ impl NatsLeaf {
         probe: Option<String>,
         config: impl Fn(u16) -> String,
     ) -> NatsLeaf {
+        Self::start_inner_with(v, name, probe, false, config)
+    }
+
+    fn start_inner_with(
+        v: NatsVersion,
+        name: &str,
+        probe: Option<String>,
+        auth_link: bool,
+        config: impl Fn(u16) -> String,
+    ) -> NatsLeaf {
         let dir = server_dir("fleet-nats-leaf-");
         let mut leaf = NatsLeaf {
             version: v,
@@ -102,6 +137,11 @@ impl NatsLeaf {
             port: 0,
             config: dir.path().join("leaf.conf"),
             probe,
+            links: if auth_link {
+                vec![ACCOUNT_DEVICES, ACCOUNT_SYSTEM, ACCOUNT_AUTH]
+            } else {
+                vec![ACCOUNT_DEVICES, ACCOUNT_SYSTEM]
+            },
             child: None,
             dir,
         };
@@ -121,7 +161,7 @@ impl NatsLeaf {
         let cmd = server_command(self.version, &["-c", &self.config.to_string_lossy()]);
         let (child, got) = spawn_server(cmd, &format!("leaf-{}", self.name), false)?;
         assert_eq!(got, self.port, "the leaf listens where its config says");
-        for account in [ACCOUNT_DEVICES, ACCOUNT_SYSTEM] {
+        for account in self.links.clone() {
             let line = format!("Leafnode connection created for account: {account}");
             if child.try_wait_for_line(0, &line, LINK_TIMEOUT).is_none() {
                 return Err(StartError::Failed(format!(
