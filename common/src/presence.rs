@@ -412,6 +412,9 @@ pub struct Collector {
     online_start: HashMap<DeviceId, (Option<Timestamp>, u64)>,
     /// Round 0 was answered by someone.
     first_answered: bool,
+    /// The servers expected when round 0 ended (set by the first
+    /// [`Collector::next_pages`]), and those asked alone since.
+    round0_expected: Option<BTreeSet<String>>,
 }
 
 impl Collector {
@@ -429,6 +432,7 @@ impl Collector {
             online: HashMap::new(),
             online_start: HashMap::new(),
             first_answered: false,
+            round0_expected: None,
         }
     }
 
@@ -454,15 +458,19 @@ impl Collector {
     /// The pages to ask next: (server, offset, body). Marks them awaited.
     pub fn next_pages(&mut self) -> Vec<(String, usize, String)> {
         let mut out = Vec::new();
-        // A leaf named only by a later page, or slower than round 0:
-        // its first page, asked of it alone.
+        // A leaf named only by a page after round 0: its first page, asked
+        // of it alone (a server silent in round 0 is not asked again).
+        let round0 = self
+            .round0_expected
+            .get_or_insert_with(|| self.expected.clone());
         let unasked: Vec<String> = self
             .expected
             .iter()
-            .filter(|e| !self.servers.contains_key(*e))
+            .filter(|e| !self.servers.contains_key(*e) && !round0.contains(*e))
             .cloned()
             .collect();
         for name in unasked {
+            round0.insert(name.clone());
             let mut p = Paging::new();
             p.waiting.insert(0);
             p.next = PAGE_STEP;
@@ -582,13 +590,12 @@ impl Collector {
             .map(|(n, _)| n.clone())
             .collect();
         for n in late {
-            let none = self.servers.get(&n).is_some_and(|p| p.pages.is_empty());
-            let why = if none {
-                "did not answer"
-            } else {
-                "did not answer every page in time"
-            };
-            self.break_server(&n, why.to_owned());
+            if self.servers.get(&n).is_some_and(|p| p.pages.is_empty()) {
+                // Asked alone and silent: as if never heard from.
+                self.servers.remove(&n);
+                continue;
+            }
+            self.break_server(&n, "did not answer every page in time".to_owned());
         }
     }
 
@@ -752,16 +759,8 @@ mod tests {
             &answer_with_leaves("leaf1", &[(1, "")], &[(7, "dev1")]),
         );
         assert!(!c.first_round_done());
-        // leaf2 was slow: asked alone, and silent.
-        let pages = c.next_pages();
-        assert_eq!(pages.len(), 1, "{pages:?}");
-        assert_eq!((pages[0].0.as_str(), pages[0].1), ("leaf2", 0));
-        assert!(
-            pages[0].2.contains(r#""server_name":"leaf2""#),
-            "{}",
-            pages[0].2
-        );
-        c.timed_out();
+        // leaf2 was silent in round 0: not asked again.
+        assert!(c.next_pages().is_empty());
         let p = c.finish();
         assert!(
             matches!(p.connection(&id("dev1"), None), Connection::Online(o) if o.server == "leaf1")
@@ -774,9 +773,41 @@ mod tests {
         assert_eq!(
             p.connection(&id("dev2"), None),
             Connection::Unknown {
-                why: "server leaf2: did not answer".to_owned()
+                why: "server leaf2 did not answer".to_owned()
             }
         );
+
+        // A leaf named only by a page after round 0 is asked alone; silent,
+        // it is a server that did not answer.
+        let mut c = Collector::new(["n1".to_owned()]);
+        c.answer(None, &answer("n1", 2000, 0, &[(1, "dev1")]));
+        assert!(c.first_round_done());
+        let pages = c.next_pages();
+        assert_eq!(pages.len(), 2, "{pages:?}");
+        let later = serde_json::json!({
+            "server": {"name": "n1"},
+            "data": {"total": 2000, "offset": PAGE_STEP, "connections": [
+                {"cid": 1, "kind": "Client", "authorized_user": "dev1"},
+                {"cid": 900, "kind": "Leafnode", "name": "leaf3", "authorized_user": "leaf-devices"}
+            ]}
+        })
+        .to_string();
+        c.answer(Some(("n1", PAGE_STEP)), later.as_bytes());
+        c.answer(
+            Some(("n1", 2 * PAGE_STEP)),
+            &answer("n1", 2000, 2 * PAGE_STEP, &[(950, "dev5")]),
+        );
+        let pages = c.next_pages();
+        assert_eq!(pages.len(), 1, "{pages:?}");
+        assert_eq!((pages[0].0.as_str(), pages[0].1), ("leaf3", 0));
+        assert!(
+            pages[0].2.contains(r#""server_name":"leaf3""#),
+            "{}",
+            pages[0].2
+        );
+        c.timed_out();
+        let p = c.finish();
+        assert_eq!(p.servers["leaf3"], ServerAnswer::NoAnswer);
 
         // Every leaf answering: a device on none is offline.
         let mut c = Collector::new(["n1".to_owned()]);
