@@ -494,6 +494,43 @@ impl Fleet {
         out
     }
 
+    /// Errors every device counted since the last
+    /// [`mark_errors`](Self::mark_errors).
+    pub fn errors_after_mark(&self) -> u64 {
+        self.records()
+            .iter()
+            .enumerate()
+            .map(|(i, d)| self.errors_since_mark(i, d))
+            .sum()
+    }
+
+    /// The last errors of the devices that counted one since the last
+    /// [`mark_errors`](Self::mark_errors), digits folded to `N` (ports,
+    /// times), most frequent first, with how many devices each.
+    pub fn last_errors_after_mark(&self) -> Vec<(String, usize)> {
+        let mut tally: std::collections::BTreeMap<String, usize> = Default::default();
+        for (i, d) in self.records().iter().enumerate() {
+            if self.errors_since_mark(i, d) == 0 {
+                continue;
+            }
+            let e = d.last_error.as_deref().unwrap_or("none recorded");
+            let mut folded = String::with_capacity(e.len());
+            for c in e.chars() {
+                if c.is_ascii_digit() {
+                    if !folded.ends_with('N') {
+                        folded.push('N');
+                    }
+                } else {
+                    folded.push(c);
+                }
+            }
+            *tally.entry(folded).or_default() += 1;
+        }
+        let mut v: Vec<(String, usize)> = tally.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
+    }
+
     /// JetStream API requests the devices sent so far.
     pub fn api_requests(&self) -> u64 {
         self.records().iter().map(|d| d.api_requests).sum()
