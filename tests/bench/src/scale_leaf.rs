@@ -62,6 +62,9 @@ struct Measured {
     /// The affected devices' last errors after the leaf kill, most
     /// frequent first.
     leaf_errors: Vec<(String, usize)>,
+    /// The surviving leaves' warnings and errors logged so far (start and
+    /// the leaf kill), most frequent first.
+    leaf_log: Vec<(String, usize)>,
     victim_node: usize,
     node_leafs: Vec<u64>,
     /// From the hub node's kill to every bucket led again.
@@ -209,6 +212,7 @@ fn measure(n: usize, k: usize, processes: usize, window: Duration) -> Measured {
     m.leaf_recovery =
         fleet.recovery_of_connections(at, m.per_leaf[m.victim_leaf], RECOVERY_TIMEOUT);
     m.leaf_errors = fleet.last_errors_after_mark();
+    m.leaf_log = log_warnings(leaves.iter().map(NatsLeaf::log));
     // A hub JetStream node's loss: the one most leaf connections reach.
     m.node_leafs = (0..nodes)
         .map(|i| {
@@ -249,6 +253,37 @@ fn error_list(v: &[(String, usize)]) -> String {
         .map(|(e, c)| format!("{c} × {e:?}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The `[WRN]`, `[ERR]` and slow-consumer lines of some nats-server logs, each without
+/// its time stamp, client id and address (digits folded to `N`), counted.
+fn log_warnings(logs: impl Iterator<Item = String>) -> Vec<(String, usize)> {
+    let mut tally: std::collections::BTreeMap<String, usize> = Default::default();
+    for log in logs {
+        for line in log.lines() {
+            let Some(at) = line
+                .find("[WRN]")
+                .or_else(|| line.find("[ERR]"))
+                .or_else(|| line.find("Slow Consumer").and_then(|_| line.find("[INF]")))
+            else {
+                continue;
+            };
+            let mut folded = String::new();
+            for c in line[at..].chars() {
+                if c.is_ascii_digit() {
+                    if !folded.ends_with('N') {
+                        folded.push('N');
+                    }
+                } else {
+                    folded.push(c);
+                }
+            }
+            *tally.entry(folded).or_default() += 1;
+        }
+    }
+    let mut v: Vec<(String, usize)> = tally.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
 }
 
 /// Devices that lost sync at or after `at`.
@@ -366,11 +401,12 @@ fn rows(
             .ratio("—")
             .target("every device of the leaf back ≤ 10 s, none lost", Verdict::from_ok(leaf_ok))
             .note(format!(
-                "leaf-{} (devices per leaf {:?}) SIGKILLed; its devices reconnect to the next leaf (on a failed attempt the one after, the agent's backoff between) and read both keys again (Direct Get through it); recovered = a complete snapshot again, timed from the kill. Bound {} s. The devices' last errors: {}.{}",
+                "leaf-{} (devices per leaf {:?}) SIGKILLed; its devices reconnect to the next leaf (on a failed attempt the one after, the agent's backoff between) and read both keys again (Direct Get through it); recovered = a complete snapshot again, timed from the kill. Bound {} s. The devices' last errors: {}. The surviving leaves logged (start and kill): {}.{}",
                 m.victim_leaf + 1,
                 m.per_leaf,
                 RECOVERY_TIMEOUT.as_secs(),
                 error_list(&m.leaf_errors),
+                error_list(&m.leaf_log),
                 r.first_never
                     .as_ref()
                     .map(|s| format!(" First device not back: {s}."))
