@@ -17,6 +17,8 @@
 //!   booted Debian container ([`cutover`]);
 //! - `scale`: simulated fleets of both device protocols on a 3-node
 //!   cluster ([`scale`]);
+//! - `scale-leaf` (only with `--only`): simulated devices on leaf nodes of
+//!   a 3-node hub ([`scale_leaf`]);
 //! - `metrics`: the Prometheus exporter over N seeded devices ([`metrics`]);
 //! - `traffic`: one idle device's bytes on the wire per 30 days, a desired
 //!   change, an upgrade, against the released 0.2.0 agent ([`traffic`]).
@@ -36,6 +38,7 @@ mod procfs;
 mod report;
 mod rollout;
 mod scale;
+mod scale_leaf;
 mod traffic;
 mod updater;
 
@@ -58,10 +61,14 @@ Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
                    [--scale-nats 2.14,2.9] [--scale-gen 1,2] [--docs-dir DIR]
                    [--scale-steady] [--scale-processes auto|P] [--traffic-secs N]
+                   [--scale-leaf-devices N] [--leaves K]
 
 Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic,
           metrics
-          (default: all).
+          (default: all), and scale-leaf (only when named in --only: N
+          generation-2 devices on K leaf nodes of a 3-node hub;
+          --scale-leaf-devices 20000 --leaves 3, the devices over
+          --scale-processes workers, auto: at least 2).
 Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
           --rollout 10000 --metrics 100000 --cutover-runs 7 --scale 1000,10000
           --scale-window-secs 30 --scale-nats 2.14 --scale-gen 1,2
@@ -80,10 +87,12 @@ the workspace) between the page's markers; the others are left as they are.
 The whole table also goes to <target>/bench/last-run.md.
 ";
 
-/// Every section, in the order they run.
+/// Every section of a default run, in the order they run.
 const SECTIONS: [&str; 9] = [
     "sizes", "device", "download", "fleet", "rollout", "cutover", "scale", "traffic", "metrics",
 ];
+/// Sections run only when `--only` names them (after `scale`).
+const EXTRA_SECTIONS: [&str; 1] = ["scale-leaf"];
 
 #[derive(Debug)]
 struct Args {
@@ -105,6 +114,10 @@ struct Args {
     scale_steady: bool,
     /// How many processes hold the scale section's simulated devices.
     scale_processes: scale::Processes,
+    /// Devices of the scale-leaf section.
+    scale_leaf_devices: usize,
+    /// Leaf nodes of the scale-leaf section.
+    leaves: usize,
     /// The traffic section's idle window.
     traffic_window: Duration,
     /// Where the sections' pages are written.
@@ -132,6 +145,8 @@ impl Args {
             traffic_window: Duration::from_secs(600),
             scale_steady: false,
             scale_processes: scale::Processes::Auto,
+            scale_leaf_devices: 20_000,
+            leaves: 3,
             docs_dir: fleet_harness::workspace_root().join("docs").join("bench"),
             given: given.clone(),
         };
@@ -148,7 +163,8 @@ impl Args {
                 "--only" => {
                     a.sections = value()?.split(',').map(str::to_owned).collect();
                     for s in &a.sections {
-                        if !SECTIONS.contains(&s.as_str()) {
+                        if !SECTIONS.contains(&s.as_str()) && !EXTRA_SECTIONS.contains(&s.as_str())
+                        {
                             return Err(format!("unknown section {s:?}"));
                         }
                     }
@@ -183,6 +199,8 @@ impl Args {
                     }
                 }
                 "--scale-steady" => a.scale_steady = true,
+                "--scale-leaf-devices" => a.scale_leaf_devices = number(value()?)?,
+                "--leaves" => a.leaves = number(value()?)?,
                 "--scale-processes" => {
                     a.scale_processes = match value()?.as_str() {
                         "auto" => scale::Processes::Auto,
@@ -454,6 +472,18 @@ fn run(args: &Args) -> (Results, SectionTimes) {
         }
         times.lap("scale");
     }
+    if args.has("scale-leaf") {
+        let table = section_table(&mut results, "scale-leaf");
+        for row in scale_leaf::leaf_rows(
+            args.scale_leaf_devices,
+            args.leaves,
+            args.scale_window,
+            args.scale_processes,
+        ) {
+            table.push(row);
+        }
+        times.lap("scale-leaf");
+    }
     if args.has("traffic") {
         let table = section_table(&mut results, "traffic");
         for row in traffic::traffic_rows(args.traffic_window) {
@@ -684,6 +714,24 @@ mod tests {
             parse(&["--runs"]).expect_err("unknown"),
             "unknown argument \"--runs\""
         );
+    }
+
+    #[test]
+    fn the_leaf_scale_run_is_left_out_unless_named() {
+        let a = parse(&[]).expect("valid");
+        assert!(a.has("scale") && !a.has("scale-leaf"));
+        assert_eq!((a.scale_leaf_devices, a.leaves), (20_000, 3));
+        let a = parse(&[
+            "--only",
+            "scale-leaf",
+            "--scale-leaf-devices",
+            "5000",
+            "--leaves",
+            "2",
+        ])
+        .expect("valid");
+        assert!(a.has("scale-leaf") && !a.has("scale"));
+        assert_eq!((a.scale_leaf_devices, a.leaves), (5_000, 2));
     }
 
     #[test]

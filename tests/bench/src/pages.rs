@@ -55,6 +55,10 @@ fn preamble(section: &str) -> (&'static str, &'static str) {
             "Bench: fleet scale",
             "Simulated fleets of both device protocols on a 3-node nats-server cluster.",
         ),
+        "scale-leaf" => (
+            "Bench: fleet scale on leaf nodes",
+            "Simulated generation-2 devices on leaf nodes of a 3-node nats-server hub cluster.",
+        ),
         "traffic" => (
             "Bench: idle traffic",
             "One idle device's bytes on the wire per 30 days (TLS, TCP/IPv4 headers), a desired change and an upgrade, against the released agent 0.2.0; what each interval knob costs (docs/operator/traffic.md).",

@@ -39,18 +39,18 @@ use crate::report::{Row, Verdict};
 use crate::rollout::{fleetctl_at, write_release};
 
 /// Devices started per second (a fleet does not boot in one instant).
-const START_RATE: u32 = 2_000;
+pub(crate) const START_RATE: u32 = 2_000;
 /// Bound on every device's first snapshot.
-const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(600);
 /// After the snapshots, before measuring: the first heartbeats spread out.
-const SETTLE: Duration = Duration::from_secs(35);
-const FAN_OUT_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const SETTLE: Duration = Duration::from_secs(35);
+pub(crate) const FAN_OUT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bound on the recovery after a node loss: nine times generation 2's
 /// target (10 s). Generation 1 backs off up to 30 s between consumer
 /// creates that time out after 10 s, so some of its devices are past this
 /// bound and counted as not back (a longer one kept `make bench` well past
 /// its 15 minutes for a figure that only grows).
-const RECOVERY_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const RECOVERY_TIMEOUT: Duration = Duration::from_secs(90);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lame-duck mode of each node in the rolling restart: `lame_duck_duration`
 /// (the server's minimum; its default is 2 min, which only spreads the
@@ -513,14 +513,14 @@ fn steady_row(n: usize, window: Duration, version: NatsVersion, new: &Steady, ol
         ))
 }
 
-fn node_rss(cluster: &NatsCluster, i: usize) -> u64 {
+pub(crate) fn node_rss(cluster: &NatsCluster, i: usize) -> u64 {
     cluster.node_pid(i).map_or(0, procfs::rss)
 }
 
 /// Go's live heap right after a collection plus goroutine stacks, from
 /// node `i`'s `/debug/pprof/heap?debug=1&gc=1` (its `runtime.MemStats`
 /// lines `HeapAlloc` and `Stack`); 0 when unreadable.
-fn node_live(cluster: &NatsCluster, i: usize) -> u64 {
+pub(crate) fn node_live(cluster: &NatsCluster, i: usize) -> u64 {
     let Some(addr) = cluster.profile_addr(i) else {
         return 0;
     };
@@ -590,7 +590,7 @@ fn fleetctl_runs(cluster: &NatsCluster, n: usize) -> (FleetctlRun, FleetctlRun) 
 
 /// The sum over the live nodes of `/jsz` `api.total` (each node counts the
 /// API requests it handled).
-fn api_total(cluster: &NatsCluster) -> u64 {
+pub(crate) fn api_total(cluster: &NatsCluster) -> u64 {
     (0..cluster.node_count())
         .filter(|i| cluster.node_pid(*i).is_some())
         .filter_map(|i| cluster.monitor_addr(i))
@@ -600,7 +600,7 @@ fn api_total(cluster: &NatsCluster) -> u64 {
 }
 
 /// GET of a monitoring endpoint, its body as JSON.
-fn http_json(addr: SocketAddr, path: &str) -> Result<serde_json::Value, String> {
+pub(crate) fn http_json(addr: SocketAddr, path: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(&http_get(addr, path)?).map_err(|e| e.to_string())
 }
 
@@ -620,11 +620,11 @@ fn http_get(addr: SocketAddr, path: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(body).into_owned())
 }
 
-fn kib(b: f64) -> String {
+pub(crate) fn kib(b: f64) -> String {
     format!("{:.0} KiB", b / 1024.0)
 }
 
-fn mib_list(v: &[u64]) -> String {
+pub(crate) fn mib_list(v: &[u64]) -> String {
     v.iter()
         .map(|b| format!("{:.0}", *b as f64 / 1048576.0))
         .collect::<Vec<_>>()
@@ -632,7 +632,7 @@ fn mib_list(v: &[u64]) -> String {
         + " MiB"
 }
 
-fn cpu_list(v: &[f64]) -> String {
+pub(crate) fn cpu_list(v: &[f64]) -> String {
     v.iter()
         .map(|c| format!("{c:.1}"))
         .collect::<Vec<_>>()
@@ -828,7 +828,7 @@ fn rows(
 /// The nodes inherit the bench's environment: a `GOMEMLIMIT` there caps
 /// each node's Go memory (the collector runs more often instead of the
 /// node growing), which the RSS figures must say.
-fn gomemlimit_note() -> String {
+pub(crate) fn gomemlimit_note() -> String {
     match std::env::var("GOMEMLIMIT") {
         Ok(v) if !v.is_empty() => format!(
             " (each node run with GOMEMLIMIT={v}: the collector keeps its memory near that)"
@@ -846,7 +846,7 @@ fn rolling_cell(m: &Measured) -> String {
 }
 
 /// `3,334 affected, 1.66 / 2.95 / 2.95 s, 0 never, 0 errors`.
-fn recovery_cell(r: &Recovery) -> String {
+pub(crate) fn recovery_cell(r: &Recovery) -> String {
     format!(
         "{} affected, {}, {} never, {} errors",
         thousands(r.affected),
@@ -857,7 +857,7 @@ fn recovery_cell(r: &Recovery) -> String {
 }
 
 /// The first line of an error, at most 120 characters, for a table cell.
-fn short(e: &str) -> String {
+pub(crate) fn short(e: &str) -> String {
     let line = e.lines().next().unwrap_or("");
     if line.chars().count() > 120 {
         line.chars().take(119).collect::<String>() + "…"
@@ -876,7 +876,7 @@ fn per_write_us(m: &Measured) -> f64 {
     }
 }
 
-fn thousands(n: usize) -> String {
+pub(crate) fn thousands(n: usize) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {

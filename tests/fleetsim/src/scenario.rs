@@ -1,10 +1,12 @@
 //! The steps the fleet-scale bench and the correctness test share: device
-//! ids, simulated fleets started on a [`NatsCluster`], first snapshots, a
+//! ids, simulated fleets started on a [`NatsCluster`] or any list of
+//! servers (leaf nodes), first snapshots, a
 //! fan-out of one change per device, and a node loss with its recovery.
 //! A fleet runs in this process ([`Fleet::start`]) or split over worker
 //! processes ([`Fleet::start_processes`]); the steps and their results are
 //! the same.
 
+use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
@@ -145,7 +147,20 @@ impl Fleet {
         devices: Vec<String>,
         tune: impl FnOnce(&mut SimConfig),
     ) -> Fleet {
-        let cfg = Self::config(cluster, generation, &devices, tune);
+        Self::start_on(cluster.client_addrs(), generation, devices, tune)
+    }
+
+    /// Starts `devices` of `generation` on `servers` (any servers the
+    /// devices log in to: a cluster's nodes, leaf nodes): device `i`
+    /// starts on `servers[i % len]` and moves to the next one when it
+    /// loses it; [`per_node`](Self::per_node) counts by index in `servers`.
+    pub fn start_on(
+        servers: Vec<SocketAddr>,
+        generation: Generation,
+        devices: Vec<String>,
+        tune: impl FnOnce(&mut SimConfig),
+    ) -> Fleet {
+        let cfg = Self::config(servers, generation, &devices, tune);
         let sim = Sim::start(cfg).unwrap_or_else(|e| panic!("starting the simulator: {e}"));
         Self::on(generation, devices, Simulator::One(sim))
     }
@@ -161,24 +176,31 @@ impl Fleet {
         processes: usize,
         tune: impl FnOnce(&mut SimConfig),
     ) -> Fleet {
-        let cfg = Self::config(cluster, generation, &devices, tune);
+        Self::start_processes_on(cluster.client_addrs(), generation, devices, processes, tune)
+    }
+
+    /// [`start_processes`](Self::start_processes) on `servers`, as
+    /// [`start_on`](Self::start_on).
+    pub fn start_processes_on(
+        servers: Vec<SocketAddr>,
+        generation: Generation,
+        devices: Vec<String>,
+        processes: usize,
+        tune: impl FnOnce(&mut SimConfig),
+    ) -> Fleet {
+        let cfg = Self::config(servers, generation, &devices, tune);
         let sim = MultiSim::start(&cfg, processes)
             .unwrap_or_else(|e| panic!("starting the simulator's worker processes: {e}"));
         Self::on(generation, devices, Simulator::Processes(sim))
     }
 
     fn config(
-        cluster: &NatsCluster,
+        servers: Vec<SocketAddr>,
         generation: Generation,
         devices: &[String],
         tune: impl FnOnce(&mut SimConfig),
     ) -> SimConfig {
-        let mut cfg = SimConfig::new(
-            cluster.client_addrs(),
-            devices.to_vec(),
-            device_password,
-            generation,
-        );
+        let mut cfg = SimConfig::new(servers, devices.to_vec(), device_password, generation);
         tune(&mut cfg);
         cfg
     }
@@ -333,8 +355,36 @@ impl Fleet {
     }
 
     /// After a node was lost at `at`: waits until every device that lost
-    /// sync since then has a complete snapshot again (or `timeout`).
+    /// sync since then has a complete snapshot again (or `timeout`). A
+    /// cluster node's loss can reach devices on the other nodes late
+    /// (generation 1: a consumer whose leader was on it goes quiet and is
+    /// found stale after missed heartbeats), so "every affected device
+    /// recovered" counts only from 20 s after `at`; the times are each
+    /// device's own, from `at` to its snapshot, whenever the wait ends.
     pub fn recovery(&self, at: Instant, timeout: Duration) -> Recovery {
+        self.recovery_when(at, timeout, |_| at.elapsed() > Duration::from_secs(20))
+    }
+
+    /// After a server whose loss reaches only its own devices (a leaf
+    /// node) was lost at `at`, holding `lost` of this fleet's connections:
+    /// waits until at least `lost` devices lost sync since then and every
+    /// one that did has a complete snapshot again (or `timeout`), with no
+    /// settling delay, so the wait ends when the last of them recovers.
+    pub fn recovery_of_connections(&self, at: Instant, lost: usize, timeout: Duration) -> Recovery {
+        self.recovery_when(at, timeout, |r| {
+            r.iter()
+                .filter(|d| d.lost_sync.iter().any(|t| *t >= at))
+                .count()
+                >= lost
+        })
+    }
+
+    fn recovery_when(
+        &self,
+        at: Instant,
+        timeout: Duration,
+        mut settled: impl FnMut(&[DeviceRecord]) -> bool,
+    ) -> Recovery {
         let affected = |d: &DeviceRecord| d.lost_sync.iter().any(|t| *t >= at);
         let recovered = |d: &DeviceRecord| {
             d.lost_sync
@@ -344,8 +394,7 @@ impl Fleet {
                 .is_some_and(|lost| d.snapshot_after(*lost).is_some())
         };
         self.sim.wait_until(timeout, |r| {
-            // Give a node loss a moment to be noticed before "all recovered".
-            at.elapsed() > Duration::from_secs(20) && r.iter().all(|d| !affected(d) || recovered(d))
+            settled(r) && r.iter().all(|d| !affected(d) || recovered(d))
         });
         let recs = self.records();
         let mut times = Vec::new();
@@ -443,6 +492,43 @@ impl Fleet {
         }
         out.spread = Spread::of(times);
         out
+    }
+
+    /// Errors every device counted since the last
+    /// [`mark_errors`](Self::mark_errors).
+    pub fn errors_after_mark(&self) -> u64 {
+        self.records()
+            .iter()
+            .enumerate()
+            .map(|(i, d)| self.errors_since_mark(i, d))
+            .sum()
+    }
+
+    /// The last errors of the devices that counted one since the last
+    /// [`mark_errors`](Self::mark_errors), digits folded to `N` (ports,
+    /// times), most frequent first, with how many devices each.
+    pub fn last_errors_after_mark(&self) -> Vec<(String, usize)> {
+        let mut tally: std::collections::BTreeMap<String, usize> = Default::default();
+        for (i, d) in self.records().iter().enumerate() {
+            if self.errors_since_mark(i, d) == 0 {
+                continue;
+            }
+            let e = d.last_error.as_deref().unwrap_or("none recorded");
+            let mut folded = String::with_capacity(e.len());
+            for c in e.chars() {
+                if c.is_ascii_digit() {
+                    if !folded.ends_with('N') {
+                        folded.push('N');
+                    }
+                } else {
+                    folded.push(c);
+                }
+            }
+            *tally.entry(folded).or_default() += 1;
+        }
+        let mut v: Vec<(String, usize)> = tally.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
     }
 
     /// JetStream API requests the devices sent so far.

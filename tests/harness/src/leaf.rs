@@ -233,6 +233,11 @@ impl NatsLeaf {
             .unwrap_or_else(|e| panic!("device {id} cannot connect to leaf {}: {e}", self.name))
     }
 
+    /// Its process id while it runs (for its memory and CPU).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(ChildGuard::pid)
+    }
+
     /// The log so far.
     pub fn log(&self) -> String {
         self.child.as_ref().map(ChildGuard::log).unwrap_or_default()

@@ -1,0 +1,450 @@
+//! Fleet scale on leaf nodes (`--only scale-leaf`, not in the default
+//! section list): N simulated generation-2 devices on K leaf nodes
+//! (nats-server 2.14 without JetStream, the devices' users, bound to the
+//! hub) of a 3-node hub cluster with R3 buckets, the devices split over
+//! worker processes, device i starting on leaf i % K and moving to the
+//! next leaf when it loses its own.
+//!
+//! Measured: RSS before any device and settled with N, over the hub nodes
+//! and the leaves (summed: RSS per device; the hub nodes' Go live heap
+//! too), each part's memory (hub nodes, leaves, the simulator's workers),
+//! CPU settled over a window, the devices' JetStream API requests in it, a
+//! fan-out of one change per device; `kill -9` of the leaf holding the
+//! most devices (every device it held back with a complete snapshot on
+//! the next leaf); then `kill -9` of the hub node with the most leaf
+//! connections (the leaves relink to the other nodes; a device should
+//! not lose sync) and a fan-out once every bucket has a leader again.
+
+use std::time::{Duration, Instant};
+
+use fleet_harness::{ClusterOptions, NatsCluster, NatsLeaf, NatsVersion};
+use fleet_sim::scenario::{device_ids, FanOut, Fleet, Recovery, Simulator};
+use fleet_sim::Generation;
+
+use crate::procfs;
+use crate::report::{Row, Verdict};
+use crate::scale::{
+    api_total, cpu_list, gomemlimit_note, http_json, kib, mib_list, node_live, node_rss,
+    recovery_cell, short, thousands, Processes, DEVICES_PER_PROCESS, FAN_OUT_TIMEOUT,
+    RECOVERY_TIMEOUT, SETTLE, SNAPSHOT_TIMEOUT, START_RATE,
+};
+
+/// Bound on the buckets' new leaders after the hub node's kill.
+const LEADERS_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most devices one leaf may hold, under the 20,000 open files a process
+/// may have here (a leaf inherits the bench's limit), with room for its
+/// links and files.
+const DEVICES_PER_LEAF: usize = 19_000;
+
+/// What one run measured.
+#[derive(Debug, Default)]
+struct Measured {
+    hub_rss_before: Vec<u64>,
+    hub_rss_settled: Vec<u64>,
+    leaf_rss_before: Vec<u64>,
+    leaf_rss_settled: Vec<u64>,
+    hub_live_before: Vec<u64>,
+    hub_live_settled: Vec<u64>,
+    sim_rss: u64,
+    hub_cpu: Vec<f64>,
+    leaf_cpu: Vec<f64>,
+    api_per_sec: f64,
+    device_api_per_sec: f64,
+    snapshots: fleet_sim::scenario::Spread,
+    /// Devices per leaf with every snapshot read, and the errors of the
+    /// start (most frequent last errors first).
+    per_leaf_start: Vec<usize>,
+    start_errors: (u64, Vec<(String, usize)>),
+    fan_out: FanOut,
+    per_leaf: Vec<usize>,
+    victim_leaf: usize,
+    leaf_recovery: Recovery,
+    /// The affected devices' last errors after the leaf kill, most
+    /// frequent first.
+    leaf_errors: Vec<(String, usize)>,
+    /// The surviving leaves' warnings and errors logged so far (start and
+    /// the leaf kill), most frequent first.
+    leaf_log: Vec<(String, usize)>,
+    victim_node: usize,
+    node_leafs: Vec<u64>,
+    /// From the hub node's kill to every bucket led again.
+    leaders_after: Duration,
+    /// Devices that lost sync, and errors counted, after the hub node's
+    /// kill (until the fan-out after it was applied).
+    node_lost_sync: usize,
+    node_errors: u64,
+    node_fan_out: Option<FanOut>,
+    node_failure: Option<String>,
+    failure: Option<String>,
+}
+
+/// The rows of one run of `n` devices on `leaves` leaves.
+pub fn leaf_rows(n: usize, leaves: usize, window: Duration, processes: Processes) -> Vec<Row> {
+    let label = format!("scale-leaf {} on {leaves} leaves", thousands(n));
+    if leaves < 2 {
+        return vec![Row::todo(
+            &format!("{label}: every figure"),
+            "—",
+            "a leaf kill needs a second leaf to move to: --leaves 2 or more",
+        )];
+    }
+    // After a leaf's kill the next one holds its devices too.
+    let busiest = 2 * n.div_ceil(leaves);
+    if busiest > DEVICES_PER_LEAF {
+        return vec![Row::todo(
+            &format!("{label}: every figure"),
+            "—",
+            &format!(
+                "after a leaf kill one leaf would hold {busiest} devices, past {DEVICES_PER_LEAF} (the open-file limit of a process): more --leaves"
+            ),
+        )];
+    }
+    let p = match processes {
+        Processes::Auto => n.div_ceil(DEVICES_PER_PROCESS).max(2),
+        Processes::Fixed(p) => p.clamp(1, n.max(1)),
+    };
+    let want = (busiest as u64 + 1_000).max(20_000);
+    let nofile = fleet_sim::raise_nofile(want);
+    if nofile < busiest as u64 + 1_000 {
+        return vec![Row::todo(
+            &format!("{label}: every figure"),
+            "—",
+            &format!("open-file limit {nofile} (could not raise it to {want})"),
+        )];
+    }
+    let m = measure(n, leaves, p, window);
+    rows(&label, n, leaves, p, window, &m)
+}
+
+fn measure(n: usize, k: usize, processes: usize, window: Duration) -> Measured {
+    eprintln!("bench: scale-leaf {n} devices, {k} leaves, {processes} simulator processes");
+    let v = NatsVersion::V2_14;
+    let ids = device_ids(Generation::Two, n);
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let mut cluster = NatsCluster::start_fleet_with(
+        v,
+        &refs,
+        &ClusterOptions {
+            monitoring: true,
+            max_connections: Some(n + 10_000),
+            profiling: true,
+            leafnodes: true,
+            ..ClusterOptions::default()
+        },
+    );
+    let hubs = cluster.leafnode_hubs();
+    let mut leaves: Vec<NatsLeaf> = (1..=k)
+        .map(|i| NatsLeaf::start(v, &format!("leaf-{i}"), &hubs, &refs))
+        .collect();
+    let nodes = cluster.node_count();
+    let leaf_rss = |leaves: &[NatsLeaf]| -> Vec<u64> {
+        leaves
+            .iter()
+            .map(|l| l.pid().map_or(0, procfs::rss))
+            .collect()
+    };
+    let mut m = Measured {
+        hub_rss_before: (0..nodes).map(|i| node_rss(&cluster, i)).collect(),
+        hub_live_before: (0..nodes).map(|i| node_live(&cluster, i)).collect(),
+        leaf_rss_before: leaf_rss(&leaves),
+        ..Measured::default()
+    };
+    let servers = leaves.iter().map(NatsLeaf::client_addr).collect();
+    let started = Instant::now();
+    let mut fleet = Fleet::start_processes_on(servers, Generation::Two, ids, processes, |c| {
+        c.start_rate = START_RATE
+    });
+    match fleet.wait_snapshots(started, SNAPSHOT_TIMEOUT) {
+        Ok(s) => m.snapshots = s,
+        Err(e) => {
+            m.failure = Some(e);
+            return m;
+        }
+    }
+    m.per_leaf_start = fleet.per_node(k);
+    m.start_errors = (fleet.errors_after_mark(), fleet.last_errors_after_mark());
+    std::thread::sleep(SETTLE);
+    // Steady state.
+    let hub_pids: Vec<u32> = (0..nodes).filter_map(|i| cluster.node_pid(i)).collect();
+    let leaf_pids: Vec<u32> = leaves.iter().filter_map(NatsLeaf::pid).collect();
+    let hub0: Vec<_> = hub_pids.iter().map(|p| procfs::cpu(*p)).collect();
+    let leaf0: Vec<_> = leaf_pids.iter().map(|p| procfs::cpu(*p)).collect();
+    let api0 = api_total(&cluster);
+    let dev_api0 = fleet.api_requests();
+    std::thread::sleep(window);
+    let secs = window.as_secs_f64();
+    let pct = |pids: &[u32], before: Vec<procfs::CpuTime>| -> Vec<f64> {
+        pids.iter()
+            .zip(before)
+            .map(|(p, c0)| {
+                let c = procfs::cpu(*p).since(c0);
+                (c.own + c.children).as_secs_f64() / secs * 100.0
+            })
+            .collect()
+    };
+    m.hub_cpu = pct(&hub_pids, hub0);
+    m.leaf_cpu = pct(&leaf_pids, leaf0);
+    m.api_per_sec = api_total(&cluster).saturating_sub(api0) as f64 / secs;
+    m.device_api_per_sec = fleet.api_requests().saturating_sub(dev_api0) as f64 / secs;
+    m.hub_rss_settled = (0..nodes).map(|i| node_rss(&cluster, i)).collect();
+    m.hub_live_settled = (0..nodes).map(|i| node_live(&cluster, i)).collect();
+    m.leaf_rss_settled = leaf_rss(&leaves);
+    m.sim_rss = match &fleet.sim {
+        Simulator::Processes(multi) => multi.workers().iter().map(|(p, _)| procfs::rss(*p)).sum(),
+        Simulator::One(_) => procfs::rss(std::process::id()),
+    };
+    // Fan-out through the leaves.
+    let admin = cluster.admin();
+    match fleet.fan_out(&admin, "scale-leaf-1", FAN_OUT_TIMEOUT) {
+        Ok(f) => m.fan_out = f,
+        Err(e) => {
+            m.failure = Some(e);
+            return m;
+        }
+    }
+    drop(admin);
+    // A leaf's loss.
+    m.per_leaf = fleet.per_node(k);
+    m.victim_leaf = (0..k).max_by_key(|i| m.per_leaf[*i]).unwrap_or(0);
+    fleet.mark_errors();
+    let at = Instant::now();
+    leaves[m.victim_leaf].kill();
+    m.leaf_recovery =
+        fleet.recovery_of_connections(at, m.per_leaf[m.victim_leaf], RECOVERY_TIMEOUT);
+    m.leaf_errors = fleet.last_errors_after_mark();
+    m.leaf_log = log_warnings(leaves.iter().map(NatsLeaf::log));
+    // A hub JetStream node's loss: the one most leaf connections reach.
+    m.node_leafs = (0..nodes)
+        .map(|i| {
+            cluster
+                .monitor_addr(i)
+                .and_then(|a| http_json(a, "/leafz").ok())
+                .and_then(|v| v["leafnodes"].as_u64())
+                .unwrap_or(0)
+        })
+        .collect();
+    m.victim_node = (0..nodes).max_by_key(|i| m.node_leafs[*i]).unwrap_or(0);
+    fleet.mark_errors();
+    let at = Instant::now();
+    let lost_before = lost_sync_since(&fleet, at);
+    cluster.kill_node(m.victim_node);
+    // Panics naming the stream when a bucket has no leader in time.
+    cluster.wait_for_leaders(LEADERS_TIMEOUT);
+    m.leaders_after = at.elapsed();
+    let admin = cluster.admin();
+    match fleet.fan_out(&admin, "scale-leaf-2", FAN_OUT_TIMEOUT) {
+        Ok(f) => m.node_fan_out = Some(f),
+        Err(e) => m.node_failure = Some(e),
+    }
+    drop(admin);
+    m.node_lost_sync = lost_sync_since(&fleet, at).saturating_sub(lost_before);
+    m.node_errors = fleet.errors_after_mark();
+    drop(fleet);
+    m
+}
+
+/// `3 × "connecting to …", 1 × "…"`: the three most frequent.
+fn error_list(v: &[(String, usize)]) -> String {
+    if v.is_empty() {
+        return "none".to_owned();
+    }
+    v.iter()
+        .take(3)
+        .map(|(e, c)| format!("{c} × {e:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The `[WRN]`, `[ERR]` and slow-consumer lines of some nats-server logs, each without
+/// its time stamp, client id and address (digits folded to `N`), counted.
+fn log_warnings(logs: impl Iterator<Item = String>) -> Vec<(String, usize)> {
+    let mut tally: std::collections::BTreeMap<String, usize> = Default::default();
+    for log in logs {
+        for line in log.lines() {
+            let Some(at) = line
+                .find("[WRN]")
+                .or_else(|| line.find("[ERR]"))
+                .or_else(|| line.find("Slow Consumer").and_then(|_| line.find("[INF]")))
+            else {
+                continue;
+            };
+            let mut folded = String::new();
+            for c in line[at..].chars() {
+                if c.is_ascii_digit() {
+                    if !folded.ends_with('N') {
+                        folded.push('N');
+                    }
+                } else {
+                    folded.push(c);
+                }
+            }
+            *tally.entry(folded).or_default() += 1;
+        }
+    }
+    let mut v: Vec<(String, usize)> = tally.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
+}
+
+/// Devices that lost sync at or after `at`.
+fn lost_sync_since(fleet: &Fleet, at: Instant) -> usize {
+    fleet
+        .sim
+        .records()
+        .map(|r| {
+            r.iter()
+                .filter(|d| d.lost_sync.iter().any(|t| *t >= at))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn sum(v: &[u64]) -> u64 {
+    v.iter().sum()
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.0} MiB", b as f64 / 1048576.0)
+}
+
+fn rows(
+    label: &str,
+    n: usize,
+    k: usize,
+    processes: usize,
+    window: Duration,
+    m: &Measured,
+) -> Vec<Row> {
+    if let Some(e) = &m.failure {
+        return vec![Row::todo(
+            &format!("{label}: every figure"),
+            "—",
+            &format!("the run failed: {e}"),
+        )];
+    }
+    let grew = |before: &[u64], after: &[u64]| sum(after).saturating_sub(sum(before));
+    let hub_grew = grew(&m.hub_rss_before, &m.hub_rss_settled);
+    let leaf_grew = grew(&m.leaf_rss_before, &m.leaf_rss_settled);
+    let per = (hub_grew + leaf_grew) as f64 / n as f64;
+    let live = grew(&m.hub_live_before, &m.hub_live_settled) as f64 / n as f64;
+    let r = &m.leaf_recovery;
+    let leaf_ok = r.never == 0
+        && r.affected == m.per_leaf.get(m.victim_leaf).copied().unwrap_or(0)
+        && r.spread.max <= Duration::from_secs(10);
+    let mut out = vec![
+        Row::new(format!("{label}: RSS per device (3 hub nodes + {k} leaves)"))
+            .ours(kib(per))
+            .baseline("—")
+            .ratio("—")
+            .target("≤ 100 KiB", Verdict::from_ok(per <= 100.0 * 1024.0))
+            .note(format!(
+                "RSS settled with {n} devices minus before any device, summed over the hub nodes ({} per device) and the leaves ({} per device){}, over N. The hub nodes' Go live heap after a collection plus stacks grew {} per device (the leaves serve no profiling port). Hub per node before → settled {} → {}; leaves {} → {}. Devices start at {START_RATE}/s; first snapshots p50/p99/max {} from the first start, devices per leaf then {:?} (device i starts on leaf i % {k}, a failed attempt moves it to the next), {} errors counted in the start ({}); simulated in {processes} worker processes.",
+                kib(hub_grew as f64 / n as f64),
+                kib(leaf_grew as f64 / n as f64),
+                gomemlimit_note(),
+                kib(live),
+                mib_list(&m.hub_rss_before),
+                mib_list(&m.hub_rss_settled),
+                mib_list(&m.leaf_rss_before),
+                mib_list(&m.leaf_rss_settled),
+                m.snapshots.cell(),
+                m.per_leaf_start,
+                m.start_errors.0,
+                error_list(&m.start_errors.1),
+            )),
+        Row::new(format!("{label}: memory by part (hub nodes / leaves / simulator)"))
+            .ours(format!(
+                "{} / {} / {}",
+                mib(sum(&m.hub_rss_settled)),
+                mib(sum(&m.leaf_rss_settled)),
+                mib(m.sim_rss)
+            ))
+            .baseline("—")
+            .ratio("—")
+            .target("—", Verdict::Info)
+            .note(format!(
+                "RSS in steady state: the 3 hub nodes summed, the {k} leaves summed, the {processes} fleet-sim-worker processes summed ({} per simulated device).",
+                kib(m.sim_rss as f64 / n as f64)
+            )),
+        Row::new(format!("{label}: CPU settled (hub n0 / n1 / n2; leaves)"))
+            .ours(format!("{}; {}", cpu_list(&m.hub_cpu), cpu_list(&m.leaf_cpu)))
+            .baseline("—")
+            .ratio("—")
+            .target("—", Verdict::Info)
+            .note(format!(
+                "utime+stime over {} s of steady state, after every snapshot and {} s more, % of one core.",
+                window.as_secs(),
+                SETTLE.as_secs()
+            )),
+        Row::new(format!("{label}: JetStream API requests/s, steady state"))
+            .ours(format!("{:.1}", m.api_per_sec))
+            .baseline("—")
+            .ratio("—")
+            .target("0 from devices", Verdict::from_ok(m.device_api_per_sec == 0.0))
+            .note(format!(
+                "`/jsz` `api.total` deltas summed over the hub nodes over the window; the devices themselves sent {:.1}/s.",
+                m.device_api_per_sec
+            )),
+        Row::new(format!("{label}: fan-out through the leaves, one change per device, p50 / p99 / max"))
+            .ours(m.fan_out.each.cell())
+            .baseline("—")
+            .ratio("—")
+            .target("p99 < 1 s", Verdict::from_ok(m.fan_out.each.p99 < Duration::from_secs(1)))
+            .note(format!(
+                "{n} pipelined admin puts (compare-and-set) to the hub, one per device; per device from its own put being sent to the device applying the republished value through its leaf. The whole fleet from the first put: {}; the puts were acknowledged in {:.2} s.",
+                m.fan_out.whole.cell(),
+                m.fan_out.acked.as_secs_f64()
+            )),
+        Row::new(format!("{label}: `kill -9` of a leaf, recovery p50 / p99 / max"))
+            .ours(recovery_cell(r))
+            .baseline("—")
+            .ratio("—")
+            .target("every device of the leaf back ≤ 10 s, none lost", Verdict::from_ok(leaf_ok))
+            .note(format!(
+                "leaf-{} (devices per leaf {:?}) SIGKILLed; its devices reconnect to the next leaf (on a failed attempt the one after, the agent's backoff between) and read both keys again (Direct Get through it); recovered = a complete snapshot again, timed from the kill. Bound {} s. The devices' last errors: {}. The surviving leaves logged (start and kill): {}.{}",
+                m.victim_leaf + 1,
+                m.per_leaf,
+                RECOVERY_TIMEOUT.as_secs(),
+                error_list(&m.leaf_errors),
+                error_list(&m.leaf_log),
+                r.first_never
+                    .as_ref()
+                    .map(|s| format!(" First device not back: {s}."))
+                    .unwrap_or_default()
+            )),
+    ];
+    let node = Row::new(format!(
+        "{label}: `kill -9` of a hub JetStream node: devices that lost sync; fan-out after it"
+    ));
+    out.push(match (&m.node_failure, &m.node_fan_out) {
+        (None, Some(f)) => node
+            .ours(format!(
+                "{} lost sync, {} errors; {}",
+                m.node_lost_sync,
+                m.node_errors,
+                f.each.cell()
+            ))
+            .baseline("—")
+            .ratio("—")
+            .target(
+                "no device loses sync",
+                Verdict::from_ok(m.node_lost_sync == 0),
+            )
+            .note(format!(
+                "After the leaf kill: n{} (leaf connections per node {:?}) SIGKILLed; the leaves relink to the other nodes, the devices' connections stay. Every bucket had a leader again {:.1} s after the kill; then one change per device, p50/p99/max from each put to the device applying it (the whole fleet {}). Lost sync and errors count from the kill to that fan-out's end.",
+                m.victim_node,
+                m.node_leafs,
+                m.leaders_after.as_secs_f64(),
+                f.whole.cell()
+            )),
+        (e, _) => Row::todo(
+            &node.figure,
+            "no device loses sync",
+            &format!(
+                "not done: {}",
+                short(e.as_deref().unwrap_or("no fan-out after the kill"))
+            ),
+        ),
+    });
+    out
+}
