@@ -17,7 +17,7 @@ use common::*;
 use fleet_common::contracts::{
     AgentStatusReply, AgentUpgradeAttempt, ConfigState, ConfigStateReply, DeviceInfo, ErrorBody,
     ErrorCode, FreezeFile, Heartbeat, MutationAdmission, NatsView, Refusal, Response, UpdaterReply,
-    UpdaterRequest, UpdaterView, UpgradePhase, WorkloadSpec, WorkloadState, WorkloadsReport,
+    UpdaterRequest, UpdaterView, UpgradePhase, WorkloadState, WorkloadsReport,
 };
 use fleet_common::validate::{
     Arch, ArtifactUrl, AttemptUuid, DeviceId, MaxBytes, Sha256Hex, Version,
@@ -131,14 +131,6 @@ fn wait_freezable(dev: &Device) {
 
 fn heartbeat(admin: &nats::Connection) -> Option<Heartbeat> {
     status(admin, "dev1", "heartbeat")
-}
-
-fn hash_of(spec: &str) -> String {
-    WorkloadSpec::from_json(spec.as_bytes())
-        .expect("valid spec")
-        .spec_hash()
-        .as_str()
-        .to_owned()
 }
 
 /// A workload Podman itself never restarts (so a restore is the agent's)

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use fleet_common::contracts::{
     AppliedSpecs, HealthReport, HealthState, Heartbeat, RevertReason, WorkloadHealth,
-    WorkloadHealthState, WorkloadSpec, WorkloadState, WorkloadsReport,
+    WorkloadHealthState, WorkloadState, WorkloadsReport,
 };
 use fleet_harness::{poll_until, NatsServer, NatsVersion, Podman};
 use serde_json::json;
@@ -44,14 +44,6 @@ fn web_server(podman: &Podman, port: u16, probe_path: &str, tag: &str) -> String
                        "interval-secs": 1, "timeout-secs": 1, "retries": 2},
         }),
     )
-}
-
-fn hash_of(spec: &str) -> String {
-    WorkloadSpec::from_json(spec.as_bytes())
-        .expect("valid spec")
-        .spec_hash()
-        .as_str()
-        .to_owned()
 }
 
 fn free_port() -> u16 {

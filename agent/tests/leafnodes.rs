@@ -14,7 +14,6 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use fleet_common::contracts::WorkloadSpec;
 use fleet_common::contracts::WorkloadsReport;
 use fleet_harness::{
     bin_path, poll_until, test_agent_path, ChildGuard, NatsLeaf, NatsServer, NatsVersion, Podman,
@@ -22,14 +21,6 @@ use fleet_harness::{
 };
 
 const DEVICES: [&str; 3] = ["dev-a", "dev-b", "dev-c"];
-
-fn hash_of(spec: &str) -> String {
-    WorkloadSpec::from_json(spec.as_bytes())
-        .expect("valid spec")
-        .spec_hash()
-        .as_str()
-        .to_owned()
-}
 
 /// A released agent of `dev`, its config cut to the keys that release
 /// knows (0.1.0 refuses any other).

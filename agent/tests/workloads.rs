@@ -7,17 +7,9 @@ mod common;
 
 use common::*;
 use fleet_common::contracts::{
-    AppliedSpecs, DeviceInfo, Heartbeat, WorkloadSpec, WorkloadState, WorkloadsReport,
+    AppliedSpecs, DeviceInfo, Heartbeat, WorkloadState, WorkloadsReport,
 };
 use fleet_harness::{poll_until, NatsServer, NatsVersion, Podman};
-
-fn hash_of(spec: &str) -> String {
-    WorkloadSpec::from_json(spec.as_bytes())
-        .expect("valid spec")
-        .spec_hash()
-        .as_str()
-        .to_owned()
-}
 
 fn report(admin: &nats::Connection) -> Option<WorkloadsReport> {
     status(admin, "dev1", "workloads")

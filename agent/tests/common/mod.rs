@@ -277,6 +277,15 @@ pub fn bucket(admin: &nats::Connection, name: &str) -> nats::kv::Store {
         .unwrap_or_else(|e| panic!("bucket {name}: {e}"))
 }
 
+/// The spec hash the agent labels a workload's container with.
+pub fn hash_of(spec: &str) -> String {
+    fleet_common::contracts::WorkloadSpec::from_json(spec.as_bytes())
+        .expect("valid spec")
+        .spec_hash()
+        .as_str()
+        .to_owned()
+}
+
 /// Puts a workload spec (JSON text) for `device`.
 pub fn put_workload(admin: &nats::Connection, device: &str, workload: &str, spec: &str) -> u64 {
     fleet_harness::desired::put_workload(admin, device, workload, spec)

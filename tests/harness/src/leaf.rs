@@ -25,7 +25,7 @@ use rustix::process::Signal;
 use tempfile::TempDir;
 
 use crate::nats::{
-    device_list, device_password, free_port, quick, server_command, server_dir, spawn_server,
+    device_password, fleet_devices, free_port, quick, server_command, server_dir, spawn_server,
     write_file, NatsVersion, StartError, LEAF_PASSWORD, PORT_ATTEMPTS,
 };
 use crate::proc::ChildGuard;
@@ -60,12 +60,7 @@ impl NatsLeaf {
     /// [`leafnode_hubs`](crate::NatsServer::leafnode_hubs)), with a user
     /// per device. Returns once a device's request is answered through it.
     pub fn start(v: NatsVersion, name: &str, hubs: &[String], devices: &[&str]) -> NatsLeaf {
-        let passwords: Vec<String> = devices.iter().map(|d| device_password(d)).collect();
-        let creds: Vec<(&str, &str)> = devices
-            .iter()
-            .zip(&passwords)
-            .map(|(d, p)| (*d, p.as_str()))
-            .collect();
+        let users = fleet_devices(devices);
         let probe = devices.first().map(|d| (*d).to_owned());
         Self::start_inner(v, name, probe, |port| {
             leaf_server_config(&LeafServerConfig {
@@ -73,7 +68,7 @@ impl NatsLeaf {
                 server_name: name.to_owned(),
                 hubs: hubs.to_vec(),
                 leaf_password: LEAF_PASSWORD.to_owned(),
-                devices: device_list(&creds),
+                devices: users.clone(),
                 callout: None,
                 protocols: DeviceProtocols::WithLegacy,
             })

@@ -138,7 +138,7 @@ pub fn fleet_server_config(
     })
 }
 
-pub(crate) fn device_list(devices: &[(&str, &str)]) -> Vec<(DeviceId, String)> {
+fn device_list(devices: &[(&str, &str)]) -> Vec<(DeviceId, String)> {
     devices
         .iter()
         .map(|(id, pw)| {
@@ -146,6 +146,14 @@ pub(crate) fn device_list(devices: &[(&str, &str)]) -> Vec<(DeviceId, String)> {
             (id, (*pw).to_owned())
         })
         .collect()
+}
+
+/// The harness's device users: each of `devices` with its
+/// [`device_password`].
+pub(crate) fn fleet_devices(devices: &[&str]) -> Vec<(DeviceId, String)> {
+    let creds: Vec<(&str, String)> = devices.iter().map(|d| (*d, device_password(d))).collect();
+    let creds: Vec<(&str, &str)> = creds.iter().map(|(d, p)| (*d, p.as_str())).collect();
+    device_list(&creds)
 }
 
 /// A free loopback port, released for the caller to bind. Another process
@@ -278,19 +286,14 @@ impl NatsServer {
     /// [`NatsLeaf`](crate::NatsLeaf)s.
     pub fn start_fleet_hub(v: NatsVersion, devices: &[&str]) -> NatsServer {
         let leaf_port = free_port();
-        let passwords: Vec<String> = devices.iter().map(|d| device_password(d)).collect();
-        let creds: Vec<(&str, &str)> = devices
-            .iter()
-            .zip(&passwords)
-            .map(|(d, p)| (*d, p.as_str()))
-            .collect();
+        let users = fleet_devices(devices);
         let mut server = Self::start_with_config(v, |port, store| {
             static_server_config(&StaticServerConfig {
                 listen: SocketAddr::from(([127, 0, 0, 1], port)),
                 server_name: Some("hub".to_owned()),
                 store_dir: store.to_path_buf(),
                 admin_password: NATS_ADMIN_PASSWORD.to_owned(),
-                devices: device_list(&creds),
+                devices: users.clone(),
                 cluster: None,
                 leafnodes: Some(LeafnodeListener {
                     listen: SocketAddr::from(([127, 0, 0, 1], leaf_port)),
@@ -568,12 +571,7 @@ impl NatsCluster {
         options: &ClusterOptions,
     ) -> NatsCluster {
         let dir = server_dir("fleet-nats-cluster-");
-        let passwords: Vec<String> = devices.iter().map(|d| device_password(d)).collect();
-        let creds: Vec<(&str, &str)> = devices
-            .iter()
-            .zip(&passwords)
-            .map(|(d, p)| (*d, p.as_str()))
-            .collect();
+        let users = fleet_devices(devices);
         for attempt in 0..PORT_ATTEMPTS {
             // A fresh store per attempt: no raft state from a failed one.
             let base = dir.path().join(format!("attempt{attempt}"));
@@ -624,7 +622,7 @@ impl NatsCluster {
                     server_name: Some(format!("n{i}")),
                     store_dir: base.join(format!("n{i}")),
                     admin_password: NATS_ADMIN_PASSWORD.to_owned(),
-                    devices: device_list(&creds),
+                    devices: users.clone(),
                     cluster: Some(ClusterConfig {
                         name: "fleet-test".to_owned(),
                         listen: routes[i],
