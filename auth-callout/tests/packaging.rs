@@ -24,6 +24,9 @@ fn example() -> String {
         admin_password: "CHANGE-ME-admin".to_owned(),
         callout_password: "CHANGE-ME-auth-callout".to_owned(),
         issuer: PublicNkey::parse_kind(EXAMPLE_ISSUER, NkeyKind::Account).expect("account key"),
+        nonce_key: fleet_common::nkey::NkeySeed::generate(fleet_common::nkey::NkeyKind::User)
+            .expect("user key")
+            .public_key(),
         cluster: None,
         leafnodes: None,
         protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,

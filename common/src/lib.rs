@@ -17,6 +17,7 @@ pub mod nats_config;
 pub mod nkey;
 pub mod presence;
 pub mod process;
+pub mod selector;
 pub mod signals;
 pub mod socket;
 pub mod subjects;

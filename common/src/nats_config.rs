@@ -33,11 +33,12 @@ use crate::limits::MAX_DESIRED_DOC_BYTES;
 use crate::limits::{MAX_KV_VALUE_BYTES, NATS_AUTH_CALLOUT_TIMEOUT, NATS_MAX_CONTROL_LINE_BYTES};
 use crate::nkey::PublicNkey;
 use crate::subjects::{
-    account_service_exports, account_stream_exports, device_permissions, kv_subject,
-    leaf_device_permissions, leaf_status_import, leaf_status_mapping, republish_config,
-    stream_name, DeviceProtocols, ACCOUNT_AUTH, ACCOUNT_DEVICES, ACCOUNT_FLEET, ACCOUNT_SYSTEM,
-    BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_OPERATOR, BUCKET_STATUS, BUCKET_WORKLOADS,
-    PRESENCE_CONNZ, PRESENCE_EVENTS_PREFIX, SYS_DEVICES_CONNZ, SYS_DEVICES_EVENTS,
+    account_service_exports, account_stream_exports, device_permissions, enroll_subjects,
+    kv_subject, leaf_device_permissions, leaf_status_import, leaf_status_mapping,
+    registry_service_exports, republish_config, stream_name, DeviceProtocols, ACCOUNT_AUTH,
+    ACCOUNT_DEVICES, ACCOUNT_ENROLL, ACCOUNT_FLEET, ACCOUNT_SYSTEM, BUCKET_CONTROL, BUCKET_DESIRED,
+    BUCKET_OPERATOR, BUCKET_REGISTRY, BUCKET_STATUS, BUCKET_WORKLOADS, PRESENCE_CONNZ,
+    PRESENCE_EVENTS_PREFIX, SYS_DEVICES_CONNZ, SYS_DEVICES_EVENTS,
 };
 use crate::validate::DeviceId;
 
@@ -109,7 +110,7 @@ pub fn static_server_config(c: &StaticServerConfig) -> String {
     o.push(format!("system_account: {ACCOUNT_SYSTEM}"));
     o.push("accounts {".to_owned());
     o.extend(system_account_lines());
-    o.extend(fleet_account_lines(&c.admin_password, c.protocols));
+    o.extend(fleet_account_lines(&c.admin_password, c.protocols, false));
     let side = DevicesSide::Hub {
         leaves: c.leafnodes.is_some(),
     };
@@ -140,6 +141,8 @@ pub struct CalloutServerConfig {
     pub callout_password: String,
     /// The account nkey whose seed signs the callout's responses and users.
     pub issuer: PublicNkey,
+    /// A user nkey nothing holds the seed of ([`NONCE_USER_NOTE`]).
+    pub nonce_key: PublicNkey,
     pub cluster: Option<ClusterConfig>,
     /// Where leaf nodes connect, if anywhere.
     pub leafnodes: Option<LeafnodeListener>,
@@ -166,16 +169,11 @@ pub fn callout_server_config(c: &CalloutServerConfig) -> String {
         format!("max_control_line: {NATS_MAX_CONTROL_LINE_BYTES}"),
         format!("system_account: {ACCOUNT_SYSTEM}"),
         "accounts {".to_owned(),
-        format!("  {ACCOUNT_AUTH} {{"),
-        format!(
-            "    users: [ {{ user: {}, password: {} }} ]",
-            quoted(CALLOUT_USER),
-            quoted(&c.callout_password)
-        ),
-        "  }".to_owned(),
     ]);
+    o.extend(auth_account_lines(&c.callout_password, &c.nonce_key));
+    o.extend(enroll_account_lines());
     o.extend(system_account_lines());
-    o.extend(fleet_account_lines(&c.admin_password, c.protocols));
+    o.extend(fleet_account_lines(&c.admin_password, c.protocols, true));
     let side = DevicesSide::Hub {
         leaves: c.leafnodes.is_some(),
     };
@@ -299,6 +297,62 @@ pub fn leaf_server_config(c: &LeafServerConfig) -> String {
     }
     o.push(String::new());
     o.join("\n")
+}
+
+/// Why the callout layout lists a user nkey whose seed was never kept: a
+/// server sends each client a nonce to sign only when it has an nkey user
+/// (`always_enable_nonce` is not a config-file option), and a device proves
+/// its own nkey to the callout by signing that nonce
+/// (`docs/design/enrollment.md`). The user may neither publish nor
+/// subscribe, in case its seed were ever found.
+pub const NONCE_USER_NOTE: &str =
+    "an nkey user whose seed is never kept: the server then sends every client a nonce to sign";
+
+/// Account `AUTH`: the callout service's user, the nonce user, the
+/// enrollment service exported to `ENROLL`, and the registry imported from
+/// `FLEET`.
+fn auth_account_lines(callout_password: &str, nonce_key: &PublicNkey) -> Vec<String> {
+    let mut o = vec![
+        format!("  {ACCOUNT_AUTH} {{"),
+        "    users: [".to_owned(),
+        format!(
+            "      {{ user: {}, password: {} }}",
+            quoted(CALLOUT_USER),
+            quoted(callout_password)
+        ),
+        format!("      # {NONCE_USER_NOTE}"),
+        format!(
+            "      {{ nkey: {}, permissions: {{ publish: {{ deny: \">\" }}, subscribe: {{ deny: \">\" }} }} }}",
+            quoted(&nonce_key.encode())
+        ),
+        "    ]".to_owned(),
+        format!(
+            "    exports: [ {{ service: {}, accounts: [{ACCOUNT_ENROLL}] }} ]",
+            quoted(&enroll_subjects())
+        ),
+        "    imports: [".to_owned(),
+    ];
+    for subject in &registry_service_exports() {
+        o.push(format!(
+            "      {{ service: {{ account: {ACCOUNT_FLEET}, subject: {} }} }}",
+            quoted(subject)
+        ));
+    }
+    o.extend(["    ]".to_owned(), "  }".to_owned()]);
+    o
+}
+
+/// Account `ENROLL`: no users of its own (the callout places pending
+/// devices in it); the enrollment service imported from `AUTH`.
+fn enroll_account_lines() -> Vec<String> {
+    vec![
+        format!("  {ACCOUNT_ENROLL} {{"),
+        format!(
+            "    imports: [ {{ service: {{ account: {ACCOUNT_AUTH}, subject: {} }} }} ]",
+            quoted(&enroll_subjects())
+        ),
+        "  }".to_owned(),
+    ]
 }
 
 /// The `authorization {}` block handing every client but `auth_users` to
@@ -429,7 +483,11 @@ fn system_account_lines() -> Vec<String> {
 
 /// Account `FLEET`: JetStream, the admin user, the exports to `DEVICES`,
 /// the imports of presence from the system account.
-fn fleet_account_lines(admin_password: &str, protocols: DeviceProtocols) -> Vec<String> {
+fn fleet_account_lines(
+    admin_password: &str,
+    protocols: DeviceProtocols,
+    registry_to_auth: bool,
+) -> Vec<String> {
     let mut o = vec![
         format!("  {ACCOUNT_FLEET} {{"),
         "    jetstream: enabled".to_owned(),
@@ -463,6 +521,14 @@ fn fleet_account_lines(admin_password: &str, protocols: DeviceProtocols) -> Vec<
             "      {{ stream: {}, accounts: [{ACCOUNT_DEVICES}] }}",
             quoted(subject)
         ));
+    }
+    if registry_to_auth {
+        for subject in &registry_service_exports() {
+            o.push(format!(
+                "      {{ service: {}, accounts: [{ACCOUNT_AUTH}] }}",
+                quoted(subject)
+            ));
+        }
     }
     o.extend(["    ]".to_owned(), "  }".to_owned()]);
     o
@@ -602,7 +668,7 @@ pub struct BucketSpec {
 /// `fleet-desired` serves generation-1 agents until it is retired;
 /// `fleet-operator` holds what only the operator reads (labels, staged
 /// rollouts).
-pub const FLEET_BUCKETS: [BucketSpec; 5] = [
+pub const FLEET_BUCKETS: [BucketSpec; 6] = [
     BucketSpec {
         bucket: BUCKET_WORKLOADS,
         history: 1,
@@ -629,6 +695,14 @@ pub const FLEET_BUCKETS: [BucketSpec; 5] = [
         bucket: BUCKET_DESIRED,
         history: 1,
         allow_rollup: true,
+        max_value_bytes: Some(MAX_KV_VALUE_BYTES),
+        republish: false,
+    },
+    BucketSpec {
+        bucket: BUCKET_REGISTRY,
+        // The last few decisions about a device, for the operator's audit.
+        history: 5,
+        allow_rollup: false,
         max_value_bytes: Some(MAX_KV_VALUE_BYTES),
         republish: false,
     },
@@ -824,6 +898,9 @@ mod tests {
             admin_password: "adminpw".to_owned(),
             callout_password: "calloutpw".to_owned(),
             issuer,
+            nonce_key: crate::nkey::NkeySeed::generate(crate::nkey::NkeyKind::User)
+                .expect("user key")
+                .public_key(),
             cluster: None,
             leafnodes: None,
             protocols: DeviceProtocols::WithLegacy,
@@ -831,8 +908,13 @@ mod tests {
         for line in [
             "# Generated by fleet_common::nats_config::callout_server_config: regenerate, do not edit.",
             "  AUTH {",
-            r#"    users: [ { user: "auth-callout", password: "calloutpw" } ]"#,
+            r#"      { user: "auth-callout", password: "calloutpw" }"#,
             r#"    users: [ { user: "admin", password: "adminpw" } ]"#,
+            r#"    exports: [ { service: "fleetenroll.key.*", accounts: [ENROLL] } ]"#,
+            r#"      { service: { account: FLEET, subject: "$KV.fleet-registry.>" } }"#,
+            r#"      { service: "$KV.fleet-registry.>", accounts: [AUTH] }"#,
+            "  ENROLL {",
+            r#"    imports: [ { service: { account: AUTH, subject: "fleetenroll.key.*" } } ]"#,
             "  DEVICES {",
             r#"      { stream: { account: FLEET, subject: "deliver.>" } }"#,
             "max_control_line: 12288",
@@ -849,10 +931,18 @@ mod tests {
             );
         }
         // No static device users, no permissions: the callout issues them.
-        assert!(!text.contains("permissions"), "{text}");
+        // The one nkey user (for the nonce) may do nothing.
+        assert_eq!(text.matches("permissions").count(), 1, "{text}");
+        assert!(
+            text.contains(r#"permissions: { publish: { deny: ">" }, subscribe: { deny: ">" } }"#)
+        );
         assert_eq!(text.matches("    users: [").count(), 2, "{text}");
         assert_eq!(text.matches("accounts: [DEVICES]").count(), 9);
-        assert_eq!(text.matches("{ account: FLEET").count(), 9);
+        assert_eq!(
+            text.matches("{ account: FLEET").count(),
+            11,
+            "two of them the registry, imported by AUTH"
+        );
         assert_eq!(text.matches('{').count(), text.matches('}').count());
         assert_eq!(text.matches('[').count(), text.matches(']').count());
     }
@@ -963,6 +1053,9 @@ mod tests {
             admin_password: "adminpw".to_owned(),
             callout_password: "calloutpw".to_owned(),
             issuer: issuer.clone(),
+            nonce_key: crate::nkey::NkeySeed::generate(crate::nkey::NkeyKind::User)
+                .expect("user key")
+                .public_key(),
             cluster: None,
             leafnodes: Some(LeafnodeListener {
                 listen: "0.0.0.0:7422".parse().expect("addr"),
@@ -1029,7 +1122,8 @@ mod tests {
 
     #[test]
     fn status_stream_refuses_rollups_and_others_keep_kv_shape() {
-        let [workloads, control, status, desired, operator] = FLEET_BUCKETS;
+        let [workloads, control, status, desired, registry, operator] = FLEET_BUCKETS;
+        assert_eq!(registry.bucket, BUCKET_REGISTRY);
         let o = kv_stream_config(&operator, 1);
         assert_eq!(o["name"], "KV_fleet-operator");
         assert!(o.get("republish").is_none(), "{o}");

@@ -219,6 +219,50 @@ pub fn device_read_keys(device: &DeviceId) -> [(&'static str, String); 2] {
     ]
 }
 
+/// The fleet's device registry: key `<device>` → [`DeviceRecord`](crate::contracts::DeviceRecord)
+/// (`docs/design/enrollment.md`). Written by fleetctl and the enrollment
+/// service; read by the auth callout; never by a device.
+pub const BUCKET_REGISTRY: &str = "fleet-registry";
+/// The account of devices not yet approved: they can publish their own
+/// enrollment request and read its answer, nothing else.
+pub const ACCOUNT_ENROLL: &str = "ENROLL";
+/// Prefix of enrollment requests: `fleetenroll.key.<public key>`.
+pub const ENROLL_PREFIX: &str = "fleetenroll";
+
+/// The subject a device holding `key` sends its enrollment request on.
+pub fn enroll_subject(key: &str) -> String {
+    format!("{ENROLL_PREFIX}.key.{key}")
+}
+
+/// Every enrollment request (the enrollment service's subscription, and
+/// the service `AUTH` exports to `ENROLL`).
+pub fn enroll_subjects() -> String {
+    format!("{ENROLL_PREFIX}.key.*")
+}
+
+/// The prefix of a pending device's request inboxes: `_INBOX.<key>.`.
+pub fn enroll_inbox_prefix(key: &str) -> String {
+    format!("_INBOX.{key}.")
+}
+
+/// Permissions of a device in `ENROLL`: its own request subject and its
+/// own inbox.
+pub fn enroll_permissions(key: &str) -> DevicePermissions {
+    DevicePermissions {
+        publish_allow: vec![enroll_subject(key)],
+        subscribe_allow: vec![format!("{}>", enroll_inbox_prefix(key))],
+    }
+}
+
+/// What `FLEET` exports to `AUTH` for the callout and the enrollment
+/// service: Direct Get of registry records, and writes to them.
+pub fn registry_service_exports() -> [String; 2] {
+    [
+        format!("$JS.API.DIRECT.GET.{}.>", stream_name(BUCKET_REGISTRY)),
+        kv_subject(BUCKET_REGISTRY, ">"),
+    ]
+}
+
 /// Which device protocols the permission template and the server config
 /// serve (`docs/operator/mixed-fleets.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -35,7 +35,7 @@ mod presence;
 mod recorder;
 mod rollout;
 mod rollout_run;
-mod selector;
+use fleet_common::selector;
 mod staged;
 mod status;
 mod upgrade;

@@ -37,7 +37,7 @@ use fleet_common::nats_config::{
     callout_server_config, leaf_server_config, static_server_config, CalloutServerConfig,
     ClusterConfig, LeafCallout, LeafServerConfig, LeafnodeListener, StaticServerConfig,
 };
-use fleet_common::nkey::{NkeyError, PublicNkey};
+use fleet_common::nkey::{NkeyError, NkeyKind, NkeySeed, PublicNkey};
 use fleet_common::subjects::DeviceProtocols;
 use fleet_common::validate::{DeviceId, ValidationError};
 
@@ -324,6 +324,10 @@ fn config_text(args: &Args) -> Result<String, NatsConfigError> {
                     .ok_or(NatsConfigError::CalloutPasswordMissing)?,
             )?,
             issuer: issuer.clone(),
+            // A fresh key whose seed is dropped here: nothing can log in as it.
+            nonce_key: NkeySeed::generate(NkeyKind::User)
+                .map_err(NatsConfigError::Issuer)?
+                .public_key(),
             cluster: cluster.clone(),
             leafnodes,
             protocols: args.protocols,

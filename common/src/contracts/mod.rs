@@ -4,6 +4,7 @@
 mod attempt;
 mod bounded;
 mod device;
+mod enroll;
 mod health;
 mod journal;
 mod local;
@@ -22,6 +23,11 @@ pub use bounded::{Bounded, Transitions};
 pub use device::{
     ConfigState, ConfigStateReport, DeviceInfo, Freeze, FreezeFile, Heartbeat, PodmanUnreachable,
     Stopping,
+};
+pub use enroll::{
+    check_facts, AnswerState, Conflict, DeviceRecord, EnrollAnswer, EnrollRequest,
+    EnrollRequestError, Preauthorized, RecordState, FACT_AGENT_VERSION, FACT_ARCH, FACT_MACHINE_ID,
+    FACT_OS, FACT_SERIAL, MAX_ENROLL_REQUEST_BYTES, MAX_FACTS, MAX_FACT_CHARS, MAX_REASON_CHARS,
 };
 pub use health::{
     FailedSpec, HealthCheck, HealthReport, HealthState, Probe, ProbeResult, Revert, RevertReason,

@@ -86,6 +86,11 @@ impl CalloutNats {
                 admin_password: NATS_ADMIN_PASSWORD.to_owned(),
                 callout_password: CALLOUT_PASSWORD.to_owned(),
                 issuer: issuer.clone(),
+                nonce_key: fleet_common::nkey::NkeySeed::generate(
+                    fleet_common::nkey::NkeyKind::User,
+                )
+                .expect("user key")
+                .public_key(),
                 cluster: None,
                 leafnodes: leafnode_port.map(|p| LeafnodeListener {
                     listen: ([127, 0, 0, 1], p).into(),

@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use fleet_common::contracts::{is_label_key, MAX_LABEL_CHARS};
+use crate::contracts::{is_label_key, MAX_LABEL_CHARS};
 
 /// One requirement.
 #[derive(Debug, Clone, PartialEq, Eq)]
