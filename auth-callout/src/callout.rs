@@ -12,12 +12,28 @@
 //! connection and the device must connect again (its token verified again).
 //! Every other outcome is a refusal with its reason; there is no default
 //! permission. Nothing the client says about itself (name, user) is used.
+//!
+//! With enrollment configured (`docs/design/enrollment.md`), a CONNECT that
+//! carries an nkey (`nkey`, `sig`) is decided by [`Callout::decide_nkey`]
+//! instead: the signature of the server's nonce proves the device holds the
+//! key; the claimed `user` names the record read from the registry; an
+//! approved record with that key gets the device's user in `DEVICES`, a
+//! revoked one nothing, and anything else with a valid enrollment token
+//! (`auth_token`) a user in `ENROLL` that may only ask to join. The bearer
+//! path may also require approval of the token's device.
 
 use std::fmt;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use fleet_common::callout::{AuthRequestClaims, AuthResponseClaims, UserClaims};
+use fleet_common::contracts::RecordState;
+use fleet_common::limits::ENROLL_USER_LIFETIME_SECS;
+use fleet_common::nkey::{NkeyKind, PublicNkey};
 use fleet_common::validate::DeviceId;
+
+use crate::registry::Registry;
 
 use crate::jwks::JwksCache;
 use crate::jwt::{self, BearerPolicy, TokenError};
@@ -30,6 +46,19 @@ pub enum Refusal {
     /// No `auth_token` in the CONNECT.
     NoBearer,
     Token(TokenError),
+    /// An nkey whose signature of the nonce does not verify.
+    Signature(String),
+    /// An nkey CONNECT without a valid device id as `user`.
+    NoDeviceId,
+    /// Not approved and no valid enrollment token.
+    NotApproved {
+        device: String,
+        state: Option<RecordState>,
+    },
+    /// Revoked by the operator.
+    Revoked(DeviceId),
+    /// The registry could not be read.
+    Registry(String),
 }
 
 impl fmt::Display for Refusal {
@@ -39,8 +68,47 @@ impl fmt::Display for Refusal {
                 "no bearer token: connect with the identity provider's access token as the NATS token",
             ),
             Self::Token(e) => e.fmt(f),
+            Self::Signature(e) => write!(f, "nkey signature of the nonce: {e}"),
+            Self::NoDeviceId => f.write_str(
+                "an nkey connection must give its device id as the user name",
+            ),
+            Self::NotApproved { device, state } => write!(
+                f,
+                "device {device} is not approved ({}) and gave no valid enrollment token",
+                state.map_or("no record", |s| s.as_str())
+            ),
+            Self::Revoked(d) => write!(f, "device {d} is revoked"),
+            Self::Registry(e) => e.fmt(f),
         }
     }
+}
+
+/// What enrollment adds to the callout: the enrollment tokens, and whether
+/// a bearer token's device must be approved too.
+#[derive(Debug, Clone)]
+pub struct EnrollGate {
+    pub tokens: Vec<String>,
+    pub idp_requires_approval: bool,
+}
+
+impl EnrollGate {
+    /// Whether `token` is one of the enrollment tokens (compared in
+    /// constant time).
+    fn accepts(&self, token: Option<&str>) -> bool {
+        let Some(token) = token else {
+            return false;
+        };
+        self.tokens.iter().fold(false, |ok, t| ok | same(t, token))
+    }
+}
+
+/// Constant-time equality of two secrets (time depends on the lengths only).
+fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// What the callout decided about one request.
@@ -51,6 +119,14 @@ pub enum Decision {
         /// The user JWT's expiry, unix seconds.
         expires: i64,
         subject: Option<String>,
+    },
+    /// A device not (yet) approved that proved its key and gave an
+    /// enrollment token: a user in `ENROLL`.
+    Enroll {
+        key: String,
+        /// The device id it claimed (for logs).
+        claimed: String,
+        expires: i64,
     },
     Refused(Refusal),
 }
@@ -113,12 +189,22 @@ impl fmt::Display for Unanswerable {
     }
 }
 
-/// The callout: issuer key, JWKS cache and bearer policy.
-#[derive(Debug)]
+/// The callout: issuer key, JWKS cache and bearer policy; with
+/// enrollment, the gate and the registry.
 pub struct Callout {
     signer: AccountSigner,
     jwks: JwksCache,
     policy: BearerPolicy,
+    enrollment: Option<(EnrollGate, Arc<dyn Registry>)>,
+}
+
+impl fmt::Debug for Callout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Callout")
+            .field("issuer", &self.issuer())
+            .field("enrollment", &self.enrollment.is_some())
+            .finish()
+    }
 }
 
 impl Callout {
@@ -127,7 +213,14 @@ impl Callout {
             signer,
             jwks,
             policy,
+            enrollment: None,
         }
+    }
+
+    /// Decides nkey connections too, and gates bearer ones if `gate` says so.
+    pub fn with_enrollment(mut self, gate: EnrollGate, registry: Arc<dyn Registry>) -> Self {
+        self.enrollment = Some((gate, registry));
+        self
     }
 
     pub fn issuer(&self) -> String {
@@ -174,6 +267,21 @@ impl Callout {
                     )
                 })
             }
+            Decision::Enroll { key, expires, .. } => {
+                let user = UserClaims::for_enrollment(
+                    key,
+                    &request.nats.user_nkey,
+                    &issuer,
+                    now_unix,
+                    *expires,
+                );
+                natsjwt::encode(user, &self.signer).and_then(|user_jwt| {
+                    natsjwt::encode(
+                        AuthResponseClaims::authorized(&request, &issuer, now_unix, user_jwt),
+                        &self.signer,
+                    )
+                })
+            }
             Decision::Refused(why) => natsjwt::encode(
                 AuthResponseClaims::refused(&request, &issuer, now_unix, why.to_string()),
                 &self.signer,
@@ -190,6 +298,77 @@ impl Callout {
     }
 
     fn decide(&self, request: &AuthRequestClaims, now_unix: i64, now: Instant) -> Decision {
+        let opts = &request.nats.connect_opts;
+        if let Some((gate, registry)) = &self.enrollment {
+            if let Some(nkey) = opts.nkey.as_deref().filter(|k| !k.is_empty()) {
+                return self.decide_nkey(gate, registry.as_ref(), request, nkey, now_unix);
+            }
+        }
+        let decision = self.decide_bearer(request, now_unix, now);
+        match (&decision, &self.enrollment) {
+            (Decision::Authorized { device, .. }, Some((gate, registry)))
+                if gate.idp_requires_approval =>
+            {
+                match registry.read(device) {
+                    Ok(r) if r.record.as_ref().is_some_and(|r| r.admits_id()) => decision,
+                    Ok(r) => Decision::Refused(Refusal::NotApproved {
+                        device: device.to_string(),
+                        state: r.record.map(|r| r.state),
+                    }),
+                    Err(e) => Decision::Refused(Refusal::Registry(e.to_string())),
+                }
+            }
+            _ => decision,
+        }
+    }
+
+    /// An nkey CONNECT: the signed nonce, the claimed device, its record.
+    fn decide_nkey(
+        &self,
+        gate: &EnrollGate,
+        registry: &dyn Registry,
+        request: &AuthRequestClaims,
+        nkey: &str,
+        now_unix: i64,
+    ) -> Decision {
+        let opts = &request.nats.connect_opts;
+        if let Err(e) = verify_nonce(nkey, opts.sig.as_deref(), &request.nats.client_info.nonce) {
+            return Decision::Refused(Refusal::Signature(e));
+        }
+        let claimed = opts.user.clone().unwrap_or_default();
+        let Ok(device) = DeviceId::parse(&claimed) else {
+            return Decision::Refused(Refusal::NoDeviceId);
+        };
+        let record = match registry.read(&device) {
+            Ok(r) => r.record,
+            Err(e) => return Decision::Refused(Refusal::Registry(e.to_string())),
+        };
+        if let Some(r) = &record {
+            if r.admits(nkey) {
+                return Decision::Authorized {
+                    device,
+                    expires: now_unix.saturating_add(self.policy.max_user_lifetime_secs),
+                    subject: None,
+                };
+            }
+            if r.state == RecordState::Revoked && r.public_key.as_deref() == Some(nkey) {
+                return Decision::Refused(Refusal::Revoked(device));
+            }
+        }
+        if gate.accepts(opts.auth_token.as_deref()) {
+            return Decision::Enroll {
+                key: nkey.to_owned(),
+                claimed,
+                expires: now_unix.saturating_add(ENROLL_USER_LIFETIME_SECS),
+            };
+        }
+        Decision::Refused(Refusal::NotApproved {
+            device: claimed,
+            state: record.map(|r| r.state),
+        })
+    }
+
+    fn decide_bearer(&self, request: &AuthRequestClaims, now_unix: i64, now: Instant) -> Decision {
         let opts = &request.nats.connect_opts;
         let Some(token) = opts.auth_token.as_deref().filter(|t| !t.is_empty()) else {
             return Decision::Refused(Refusal::NoBearer);
@@ -217,6 +396,21 @@ impl Callout {
             Err(e) => Decision::Refused(Refusal::Token(e)),
         }
     }
+}
+
+/// Whether `sig` (base64url, as NATS clients send it) is `nkey`'s signature
+/// of the nonce the server sent.
+fn verify_nonce(nkey: &str, sig: Option<&str>, nonce: &str) -> Result<(), String> {
+    if nonce.is_empty() {
+        return Err("the server sent no nonce (the config needs its nkey user)".to_owned());
+    }
+    let key = PublicNkey::parse_kind(nkey, NkeyKind::User).map_err(|e| e.to_string())?;
+    let sig = sig
+        .and_then(fleet_common::b64::decode_url)
+        .ok_or_else(|| "missing or not base64url".to_owned())?;
+    let pair = nkeys::KeyPair::from_public_key(key.as_str()).map_err(|e| e.to_string())?;
+    pair.verify(nonce.as_bytes(), &sig)
+        .map_err(|_| "does not verify".to_owned())
 }
 
 #[cfg(test)]
@@ -367,6 +561,138 @@ mod tests {
             c.handle(forged.as_bytes(), NOW, Instant::now()),
             Outcome::Unanswerable(Unanswerable::Request(RequestError::Signature))
         ));
+    }
+
+    fn ask_nkey(c: &Callout, opts: Value, nonce: &str) -> (Value, Decision) {
+        let server = nkeys::KeyPair::new_server();
+        let user = nkeys::KeyPair::new_user().public_key();
+        let mut req = request_claims(&server, &c.issuer(), &user, NOW);
+        req["nats"]["connect_opts"] = opts;
+        req["nats"]["client_info"]["nonce"] = json!(nonce);
+        let token = signed_request(&server, &req);
+        match c.handle(token.as_bytes(), NOW, Instant::now()) {
+            Outcome::Answer {
+                response, decision, ..
+            } => (payload(&response), decision),
+            Outcome::Unanswerable(e) => panic!("unanswered: {e}"),
+        }
+    }
+
+    fn signed(kp: &nkeys::KeyPair, nonce: &str) -> String {
+        fleet_common::b64::encode_url(&kp.sign(nonce.as_bytes()).expect("sign"))
+    }
+
+    #[test]
+    fn an_nkey_device_is_decided_by_the_registry() {
+        use crate::registry::tests::MemRegistry;
+        use fleet_common::contracts::DeviceRecord;
+        let k = keys();
+        let reg = Arc::new(MemRegistry::default());
+        let c = callout(&json!({"keys": [k.rsa_jwk]})).with_enrollment(
+            EnrollGate {
+                tokens: vec!["batch-7-token".to_owned()],
+                idp_requires_approval: true,
+            },
+            reg.clone(),
+        );
+        let dev = nkeys::KeyPair::new_user();
+        let key = dev.public_key();
+        let nonce = "server-nonce-1";
+        let opts = |token: Option<&str>, sig: String| json!({"nkey": key, "sig": sig, "user": "dev-a", "auth_token": token});
+        // Unknown, with the enrollment token: ENROLL, its own subjects only.
+        let (resp, d) = ask_nkey(&c, opts(Some("batch-7-token"), signed(&dev, nonce)), nonce);
+        assert!(
+            matches!(&d, Decision::Enroll { key: k2, .. } if *k2 == key),
+            "{d:?}"
+        );
+        let user = payload(resp["nats"]["jwt"].as_str().expect("user jwt"));
+        assert_eq!(user["aud"], "ENROLL");
+        assert_eq!(
+            user["nats"]["pub"]["allow"],
+            json!([format!("fleetenroll.key.{key}")])
+        );
+        assert_eq!(
+            user["nats"]["sub"]["allow"],
+            json!([format!("_INBOX.{key}.>")])
+        );
+        assert_eq!(user["exp"], NOW + ENROLL_USER_LIFETIME_SECS);
+        // Without a token, a wrong token, a bad signature, no device id: refused.
+        for (o, n) in [
+            (opts(None, signed(&dev, nonce)), nonce),
+            (opts(Some("batch-7-tokeN"), signed(&dev, nonce)), nonce),
+            (opts(Some("batch-7-token"), signed(&dev, "other")), nonce),
+            (
+                opts(
+                    Some("batch-7-token"),
+                    signed(&nkeys::KeyPair::new_user(), nonce),
+                ),
+                nonce,
+            ),
+            (opts(Some("batch-7-token"), signed(&dev, "")), ""),
+            (
+                json!({"nkey": key, "sig": signed(&dev, nonce), "user": "dev.a", "auth_token": "batch-7-token"}),
+                nonce,
+            ),
+        ] {
+            let (resp, d) = ask_nkey(&c, o.clone(), n);
+            assert!(matches!(d, Decision::Refused(_)), "{o}: {d:?}");
+            assert!(resp["nats"]["jwt"].is_null());
+        }
+        // Approved with this key: DEVICES, with or without the token.
+        let mut r = DeviceRecord {
+            device_id: DeviceId::parse("dev-a").expect("id"),
+            state: RecordState::Approved,
+            public_key: Some(key.clone()),
+            facts: Default::default(),
+            requested_at: None,
+            decided_at: None,
+            decided_by: None,
+            conflict: None,
+        };
+        reg.write(&r, 0).expect("approve");
+        let (resp, d) = ask_nkey(&c, opts(None, signed(&dev, nonce)), nonce);
+        assert!(matches!(&d, Decision::Authorized { device, .. } if device.as_str() == "dev-a"));
+        let user = payload(resp["nats"]["jwt"].as_str().expect("user jwt"));
+        assert_eq!(user["aud"], "DEVICES");
+        assert_eq!(user["exp"], NOW + policy().max_user_lifetime_secs);
+        // Another key claiming dev-a with the token: only ENROLL.
+        let thief = nkeys::KeyPair::new_user();
+        let o = json!({"nkey": thief.public_key(), "sig": signed(&thief, nonce), "user": "dev-a", "auth_token": "batch-7-token"});
+        assert!(matches!(ask_nkey(&c, o, nonce).1, Decision::Enroll { .. }));
+        // Revoked: refused even with the token.
+        r.state = RecordState::Revoked;
+        let rev = reg.read(&r.device_id).expect("read").revision;
+        reg.write(&r, rev).expect("revoke");
+        let (_, d) = ask_nkey(&c, opts(Some("batch-7-token"), signed(&dev, nonce)), nonce);
+        assert!(matches!(d, Decision::Refused(Refusal::Revoked(_))), "{d:?}");
+        // The registry down: refused (the device connects again).
+        reg.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (_, d) = ask_nkey(&c, opts(Some("batch-7-token"), signed(&dev, nonce)), nonce);
+        assert!(
+            matches!(d, Decision::Refused(Refusal::Registry(_))),
+            "{d:?}"
+        );
+        // A bearer device must be approved by id when the gate says so.
+        reg.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        let token = sign_rs256(
+            &k.rsa,
+            &json!({"alg": "RS256", "kid": "rsa-test-1"}),
+            &claims("dev-b"),
+        );
+        let (_, d) = ask(&c, json!({"auth_token": token}));
+        assert!(
+            matches!(d, Decision::Refused(Refusal::NotApproved { .. })),
+            "{d:?}"
+        );
+        let b = DeviceRecord {
+            device_id: DeviceId::parse("dev-b").expect("id"),
+            public_key: None,
+            state: RecordState::Approved,
+            ..r.clone()
+        };
+        reg.write(&b, 0).expect("approve by id");
+        let (_, d) = ask(&c, json!({"auth_token": token}));
+        assert!(matches!(d, Decision::Authorized { .. }), "{d:?}");
     }
 
     /// A validly signed token with `exp` = 2^53 is admitted

@@ -17,9 +17,21 @@
 //!   "nats_user": "auth-callout",
 //!   "nats_password_file": "/etc/harmony-fleet/auth-callout/nats-password",
 //!   "nats_ca_file": null,
-//!   "issuer_seed_file": "/etc/harmony-fleet/auth-callout/issuer.nk"
+//!   "issuer_seed_file": "/etc/harmony-fleet/auth-callout/issuer.nk",
+//!   "enrollment": {
+//!     "token_files": ["/etc/harmony-fleet/auth-callout/enrollment-token"],
+//!     "auto_approve": "arch=arm64",
+//!     "bearer_requires_approval": false
+//!   }
 //! }
 //! ```
+//!
+//! `enrollment` (absent: none) turns on device enrollment
+//! (`docs/design/enrollment.md`): devices connecting with their own nkey are
+//! decided by the registry, and those not yet approved that show one of the
+//! tokens may ask to join. `auto_approve` (absent: none) is a selector over
+//! the request's facts; `bearer_requires_approval` gates identity-provider
+//! devices on the registry too.
 //!
 //! Only the first four and the NATS and seed entries are required; the rest
 //! have the defaults shown (`https_ca_file` absent: the system trust store;
@@ -35,6 +47,8 @@ use fleet_common::subjects::DeviceProtocols;
 use fleet_common::callout::DEFAULT_DEVICE_CLAIM;
 use fleet_common::nats_config::CALLOUT_USER;
 use serde::Deserialize;
+
+use fleet_common::selector::Selector;
 
 use crate::jwt::BearerPolicy;
 
@@ -98,7 +112,32 @@ struct RawConfig {
     #[serde(default)]
     nats_ca_file: Option<PathBuf>,
     issuer_seed_file: PathBuf,
+    #[serde(default)]
+    enrollment: Option<RawEnrollment>,
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEnrollment {
+    token_files: Vec<PathBuf>,
+    #[serde(default)]
+    auto_approve: Option<String>,
+    #[serde(default)]
+    bearer_requires_approval: Option<bool>,
+}
+
+/// Enrollment, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnrollmentConfig {
+    /// Files holding the enrollment tokens devices may show (one each; an
+    /// old and a new one while a token is rotated).
+    pub token_files: Vec<PathBuf>,
+    pub auto_approve: Option<Selector>,
+    pub bearer_requires_approval: bool,
+}
+
+/// Enrollment token files accepted at most.
+const MAX_ENROLLMENT_TOKENS: usize = 8;
 
 /// A validated config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +152,7 @@ pub struct Config {
     pub nats_password_file: PathBuf,
     pub nats_ca_file: Option<PathBuf>,
     pub issuer_seed_file: PathBuf,
+    pub enrollment: Option<EnrollmentConfig>,
 }
 
 /// Why the config was refused.
@@ -282,6 +322,34 @@ impl Config {
         if let Some(p) = &raw.nats_ca_file {
             absolute("nats_ca_file", p)?;
         }
+        let enrollment = match raw.enrollment {
+            None => None,
+            Some(e) => {
+                if e.token_files.is_empty() || e.token_files.len() > MAX_ENROLLMENT_TOKENS {
+                    return Err(invalid(
+                        "enrollment.token_files",
+                        "name 1 to 8 files, each holding one enrollment token",
+                    ));
+                }
+                for p in &e.token_files {
+                    absolute("enrollment.token_files", p)?;
+                }
+                let auto_approve = e
+                    .auto_approve
+                    .as_deref()
+                    .map(Selector::parse)
+                    .transpose()
+                    .map_err(|err| ConfigError::Invalid {
+                        field: "enrollment.auto_approve",
+                        why: err.to_string(),
+                    })?;
+                Some(EnrollmentConfig {
+                    token_files: e.token_files,
+                    auto_approve,
+                    bearer_requires_approval: e.bearer_requires_approval.unwrap_or(false),
+                })
+            }
+        };
         Ok(Config {
             policy: BearerPolicy {
                 issuer: raw.issuer,
@@ -305,6 +373,7 @@ impl Config {
             nats_password_file: raw.nats_password_file,
             nats_ca_file: raw.nats_ca_file,
             issuer_seed_file: raw.issuer_seed_file,
+            enrollment,
         })
     }
 }
@@ -323,6 +392,29 @@ mod tests {
             "nats_password_file": "/etc/harmony-fleet/auth-callout/nats-password",
             "issuer_seed_file": "/etc/harmony-fleet/auth-callout/issuer.nk"
         })
+    }
+
+    #[test]
+    fn enrollment_is_checked() {
+        let mut v = minimal();
+        v["enrollment"] = json!({"token_files": ["/etc/t"], "auto_approve": "arch=arm64"});
+        let c = Config::from_json(&v.to_string()).expect("valid");
+        let e = c.enrollment.expect("enrollment");
+        assert_eq!(
+            e.auto_approve.map(|s| s.as_str().to_owned()).as_deref(),
+            Some("arch=arm64")
+        );
+        assert!(!e.bearer_requires_approval);
+        for bad in [
+            json!({"token_files": []}),
+            json!({"token_files": ["relative"]}),
+            json!({"token_files": ["/etc/t"], "auto_approve": "arch in ("}),
+            json!({"token_files": ["/etc/t"], "other": 1}),
+        ] {
+            let mut v = minimal();
+            v["enrollment"] = bad.clone();
+            assert!(Config::from_json(&v.to_string()).is_err(), "{bad}");
+        }
     }
 
     fn refuse(f: impl Fn(&mut Value)) -> String {

@@ -13,6 +13,7 @@
 
 mod callout;
 mod config;
+mod enroll;
 mod https;
 mod jwks;
 mod jwt;
@@ -20,13 +21,16 @@ mod natsjwt;
 mod nkeys;
 #[cfg(test)]
 mod prop_tests;
+mod registry;
 mod service;
 mod strict_json;
 
-pub use callout::{Callout, Decision, Outcome, Refusal};
+pub use callout::{Callout, Decision, EnrollGate, Outcome, Refusal};
 pub use config::{Config, ConfigError, DEFAULT_CONFIG_PATH};
+pub use enroll::{Enrollment, Handled};
 pub use https::{agent as https_agent, HttpsError};
 pub use jwks::{HttpsJwks, JwksCache};
 pub use jwt::{BearerPolicy, TokenError};
 pub use nkeys::{keygen, AccountSigner, NkeysError};
+pub use registry::{NatsRegistry, Read, Registry, RegistryError};
 pub use service::{run, ServiceError, QUEUE_GROUP};

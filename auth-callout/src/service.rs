@@ -26,17 +26,25 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fleet_common::limits::NATS_CONNECT_ATTEMPT_TIMEOUT;
 use fleet_common::subjects::AUTH_CALLOUT_SUBJECT;
 
-use crate::callout::{Callout, Decision, Outcome};
+use fleet_common::contracts::AnswerState;
+use fleet_common::subjects::enroll_subjects;
+use fleet_common::time::Timestamp;
+
+use crate::callout::{Callout, Decision, EnrollGate, Outcome};
 use crate::config::Config;
+use crate::enroll::{Enrollment, Handled};
 use crate::https::{self, HttpsError};
 use crate::jwks::{HttpsJwks, JwksCache};
 use crate::nkeys::{AccountSigner, NkeysError};
+use crate::registry::{NatsRegistry, Registry};
 
 /// Queue group of every callout instance.
 pub const QUEUE_GROUP: &str = "fleet-auth-callout";
 /// Worker threads: a JWKS refetch holds one for up to the IdP request
 /// timeout while the others keep answering.
 pub const WORKERS: usize = 4;
+/// Enrollment worker threads (each waits on the registry for a request).
+pub const ENROLL_WORKERS: usize = 2;
 /// How often an idle worker checks whether the service is stopping.
 const WORKER_POLL: Duration = Duration::from_millis(500);
 /// Joining the workers once the connection is closed.
@@ -145,14 +153,56 @@ pub fn run(config: &Config) -> Result<(), ServiceError> {
     if let Err(e) = jwks.refresh(Instant::now()) {
         log::warn!("{e}; retrying when the first device connects");
     }
-    let callout = Arc::new(Callout::new(signer, jwks, config.policy.clone()));
+    let tokens = match &config.enrollment {
+        Some(e) => e
+            .token_files
+            .iter()
+            .map(|p| read_secret(p))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
+
+    let closed = Arc::new(AtomicBool::new(false));
+    let nc = connect(config, &password, Arc::clone(&closed))?;
+    let registry: Arc<dyn Registry> = Arc::new(NatsRegistry::new(nc.clone()));
+    let mut callout = Callout::new(signer, jwks, config.policy.clone());
+    if let Some(e) = &config.enrollment {
+        callout = callout.with_enrollment(
+            EnrollGate {
+                tokens,
+                idp_requires_approval: e.bearer_requires_approval,
+            },
+            Arc::clone(&registry),
+        );
+    }
+    let callout = Arc::new(callout);
     log::info!(
         issuer = callout.issuer().as_str();
         "signing as issuer account {}", callout.issuer()
     );
-
-    let closed = Arc::new(AtomicBool::new(false));
-    let nc = connect(config, &password, Arc::clone(&closed))?;
+    if let Some(e) = &config.enrollment {
+        let sub = nc
+            .queue_subscribe(&enroll_subjects(), QUEUE_GROUP)
+            .map_err(ServiceError::Subscribe)?;
+        let enrollment = Arc::new(Enrollment::new(e.auto_approve.clone()));
+        for i in 0..ENROLL_WORKERS {
+            let (sub, enrollment, registry, stop) = (
+                sub.clone(),
+                Arc::clone(&enrollment),
+                Arc::clone(&registry),
+                Arc::clone(&closed),
+            );
+            thread::Builder::new()
+                .name(format!("enroll-worker-{i}"))
+                .spawn(move || enroll_work(&sub, &enrollment, registry.as_ref(), &stop))
+                .map_err(ServiceError::Spawn)?;
+        }
+        log::info!(
+            subject = enroll_subjects().as_str(),
+            auto_approve = e.auto_approve.as_ref().map_or("", |s| s.as_str());
+            "answering enrollment requests"
+        );
+    }
     let sub = nc
         .queue_subscribe(AUTH_CALLOUT_SUBJECT, QUEUE_GROUP)
         .map_err(ServiceError::Subscribe)?;
@@ -262,6 +312,52 @@ fn work(sub: &nats::Subscription, callout: &Callout, closed: &AtomicBool) {
     }
 }
 
+/// One enrollment worker: take a request, answer, log; until closed.
+fn enroll_work(
+    sub: &nats::Subscription,
+    enrollment: &Enrollment,
+    registry: &dyn Registry,
+    closed: &AtomicBool,
+) {
+    while !closed.load(Ordering::SeqCst) {
+        let msg = match sub.next_timeout(WORKER_POLL) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
+            Err(e) => {
+                if !closed.load(Ordering::SeqCst) {
+                    log::error!("enrollment subscription ended: {e}");
+                }
+                return;
+            }
+        };
+        let handled = enrollment.handle(
+            registry,
+            &msg.subject,
+            &msg.data,
+            Instant::now(),
+            Timestamp::now(),
+        );
+        match &handled {
+            Handled::Answered { answer, wrote, .. } => {
+                match serde_json::to_vec(answer) {
+                    Ok(body) => {
+                        if let Err(e) = msg.respond(body) {
+                            log::warn!("cannot answer an enrollment request: {e}");
+                        }
+                    }
+                    Err(e) => log::error!("cannot encode an enrollment answer: {e}"),
+                }
+                if wrote.is_some() || answer.state != AnswerState::SlowDown {
+                    log::info!("{handled}");
+                } else {
+                    log::debug!("{handled}");
+                }
+            }
+            Handled::Ignored(_) => log::warn!("{handled}"),
+        }
+    }
+}
+
 fn answer(msg: &nats::Message, callout: &Callout) {
     match callout.handle(&msg.data, unix_now(), Instant::now()) {
         Outcome::Answer {
@@ -284,6 +380,19 @@ fn answer(msg: &nats::Message, callout: &Callout) {
                     client_id = r.client_id,
                     server = r.server.as_str();
                     "authorized device {device}"
+                ),
+                Decision::Enroll {
+                    key,
+                    claimed,
+                    expires,
+                } => log::info!(
+                    key = key.as_str(),
+                    claimed = format!("{claimed:?}").as_str(),
+                    expires = *expires,
+                    client_host = r.client_host.as_str(),
+                    client_id = r.client_id,
+                    server = r.server.as_str();
+                    "admitted {claimed:?} (key {key}) to enrollment only"
                 ),
                 Decision::Refused(why) => log::warn!(
                     client_host = r.client_host.as_str(),

@@ -14,7 +14,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::subjects::{leaf_device_permissions, DeviceProtocols, ACCOUNT_DEVICES};
+use crate::contracts::MAX_ENROLL_REQUEST_BYTES;
+use crate::subjects::{
+    enroll_permissions, leaf_device_permissions, DeviceProtocols, ACCOUNT_DEVICES, ACCOUNT_ENROLL,
+};
 use crate::validate::DeviceId;
 
 /// `typ` of every NATS JWT.
@@ -120,6 +123,10 @@ pub struct ClientInfo {
     pub kind: String,
     #[serde(default, rename = "type")]
     pub client_type: String,
+    /// The nonce the server sent this client, filled when the CONNECT
+    /// carries a signature (`sig`): what the client's nkey signed.
+    #[serde(default)]
+    pub nonce: String,
 }
 
 /// The client's CONNECT options. `Debug` hides every credential.
@@ -308,7 +315,40 @@ impl UserClaims {
             },
         }
     }
+
+    /// A device not yet approved, in `ENROLL` with exactly
+    /// [`enroll_permissions`] of the key it proved: its own request subject
+    /// and inbox, one subscription, payloads up to the request limit.
+    pub fn for_enrollment(key: &str, user_nkey: &str, issuer: &str, iat: i64, exp: i64) -> Self {
+        let p = enroll_permissions(key);
+        Self {
+            aud: ACCOUNT_ENROLL.to_owned(),
+            exp,
+            jti: String::new(),
+            iat,
+            iss: issuer.to_owned(),
+            name: format!("enroll {key}"),
+            sub: user_nkey.to_owned(),
+            nats: UserNats {
+                publish: Permission {
+                    allow: p.publish_allow,
+                },
+                subscribe: Permission {
+                    allow: p.subscribe_allow,
+                },
+                subs: ENROLL_MAX_SUBSCRIPTIONS,
+                data: NO_LIMIT,
+                payload: MAX_ENROLL_REQUEST_BYTES as i64,
+                claim_type: CLAIM_TYPE_USER.to_owned(),
+                version: NATS_JWT_VERSION,
+            },
+        }
+    }
 }
+
+/// Subscriptions a device in `ENROLL` may hold: its request inbox (the
+/// client's one wildcard subscription) and one spare for a reconnect.
+pub const ENROLL_MAX_SUBSCRIPTIONS: i64 = 2;
 
 #[cfg(test)]
 mod tests {

@@ -212,3 +212,22 @@ pub const NATS_AUTH_CALLOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// (docs/operator/traffic.md), about 175 KiB a day. The metrics exporter
 /// gives a device over it a series of its own.
 pub const TRAFFIC_BUDGET_BYTES_PER_30_DAYS: u64 = 5 * 1024 * 1024;
+
+/// Bound on the auth callout's read of one registry record: well inside the
+/// server's authorization timeout (`NATS_AUTH_CALLOUT_TIMEOUT`), so a slow
+/// registry is a refusal the device retries, not a server-side timeout.
+pub const REGISTRY_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bound on one registry write of the enrollment service.
+pub const REGISTRY_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Life of a user in `ENROLL`: the server closes the connection then and
+/// the device connects again (as itself, once approved).
+pub const ENROLL_USER_LIFETIME_SECS: i64 = 600;
+/// A device's enrollment requests closer together than this are answered
+/// `slow-down` without a registry read or write.
+pub const ENROLL_MIN_REQUEST_INTERVAL: Duration = Duration::from_secs(2);
+/// New pending records one enrollment service instance writes per minute
+/// at most (a leaked enrollment token cannot fill the registry faster).
+pub const ENROLL_NEW_PENDING_PER_MINUTE: u32 = 1200;
+/// The agent's first and longest wait between enrollment requests.
+pub const ENROLL_RETRY_FIRST: Duration = Duration::from_secs(5);
+pub const ENROLL_RETRY_MAX: Duration = Duration::from_secs(300);

@@ -332,6 +332,13 @@ impl Connector {
                 let sig = sig_cb(server_info.nonce.as_bytes())?;
                 connect_info.nkey = Some(nkey);
                 connect_info.signature = Some(sig);
+                // Harmony fleet patch: a claimed user and a token beside the key.
+                if let Some(user) = &self.options.nkey_user {
+                    connect_info.user = Some(SecureString::from(user.clone()));
+                }
+                if let Some(token) = &self.options.nkey_token {
+                    connect_info.auth_token = Some(token.clone().into());
+                }
             }
         }
 

@@ -36,6 +36,8 @@ pub struct Options {
     pub(crate) reconnect_buffer_size: usize,
     pub(crate) ping_interval: Duration,
     pub(crate) max_pings_out: u8,
+    pub(crate) nkey_user: Option<String>,
+    pub(crate) nkey_token: Option<String>,
     pub(crate) tls_required: bool,
     pub(crate) certificates: Vec<PathBuf>,
     pub(crate) client_cert: Option<PathBuf>,
@@ -60,6 +62,8 @@ impl fmt::Debug for Options {
             .entry(&"reconnect_buffer_size", &self.reconnect_buffer_size)
             .entry(&"ping_interval", &self.ping_interval)
             .entry(&"max_pings_out", &self.max_pings_out)
+            .entry(&"nkey_user", &self.nkey_user)
+            .entry(&"nkey_token", &self.nkey_token.as_ref().map(|_| "XXXXXXXX"))
             .entry(&"max_reconnects", &self.max_reconnects)
             .entry(&"tls_required", &self.tls_required)
             .entry(&"certificates", &self.certificates)
@@ -86,6 +90,8 @@ impl Default for Options {
             reconnect_buffer_size: 8 * 1024 * 1024,
             ping_interval: Duration::from_secs(2 * 60),
             max_pings_out: 2,
+            nkey_user: None,
+            nkey_token: None,
             max_reconnects: Some(60),
             tls_required: false,
             certificates: Vec::new(),
@@ -477,6 +483,17 @@ impl Options {
     /// Harmony fleet patch: upstream 0.25.0 hard-codes 2 (the default here).
     pub fn max_pings_out(mut self, max_pings_out: u8) -> Options {
         self.max_pings_out = max_pings_out.max(1);
+        self
+    }
+
+    /// With [`Options::with_nkey`]: also send `user` and `auth_token` in
+    /// CONNECT, for an auth callout that verifies the signed nonce and reads
+    /// the claimed user name and a token beside it.
+    ///
+    /// Harmony fleet patch: upstream 0.25.0 sends nkey authentication alone.
+    pub fn nkey_extras(mut self, user: Option<&str>, token: Option<&str>) -> Options {
+        self.nkey_user = user.map(str::to_owned);
+        self.nkey_token = token.map(str::to_owned);
         self
     }
 
