@@ -86,6 +86,8 @@ pub enum RunError {
     Signals(SignalError),
     Config(ConfigError),
     Lock(LockError),
+    /// The identity key or the enrollment record cannot be used.
+    Enroll(crate::enroll::EnrollError),
     StateDir {
         path: PathBuf,
         source: io::Error,
@@ -116,6 +118,7 @@ impl fmt::Display for RunError {
             Self::Signals(e) => write!(f, "{e}"),
             Self::Config(e) => write!(f, "{e}"),
             Self::Lock(e) => write!(f, "{e}"),
+            Self::Enroll(e) => write!(f, "{e}"),
             Self::StateDir { path, source } => write!(
                 f,
                 "creating the state directory {}: {source}; it is normally created by systemd-tmpfiles",
@@ -158,6 +161,7 @@ impl RunError {
             Self::Snapshot { .. } => 17,
             Self::Lock(_) => 20,
             Self::StateDir { .. } => 20,
+            Self::Enroll(_) => 20,
             Self::DeviceInfo { .. } => 21,
             Self::Socket(_) => 23,
             Self::Upgrade(StartupError::NotPublished { .. }) => 21,
@@ -227,6 +231,20 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
             ),
             Err(e) => log::warn!("removing the stale temp file {}: {e}", t.path.display()),
         }
+    }
+    // The `enrollment` method: this device's own key, approved before
+    // anything connects as the device (docs/design/enrollment.md).
+    let mut config = config;
+    match crate::enroll::ensure_enrolled(
+        &mut config.nats,
+        &device,
+        &state_dir,
+        version.as_str(),
+        &shutdown,
+    ) {
+        Ok(()) => {}
+        Err(crate::enroll::EnrollError::Interrupted) => return stopped_during_startup(),
+        Err(e) => return Err(RunError::Enroll(e)),
     }
     // Before the freeze is read: a frozen agent holds forwarding from the start.
     let upgrade_state = UpgradeState::new();

@@ -9,6 +9,7 @@ mod config;
 mod daemon;
 mod desired;
 mod disabled;
+mod enroll;
 mod freeze;
 mod gate;
 mod jitter;

@@ -48,6 +48,15 @@ pub enum NatsAuth {
     /// A bearer token from the identity provider, presented as the NATS
     /// token to the auth callout and renewed before it expires.
     OAuth2(ClientCredentials),
+    /// The device's own nkey (generated on first boot in the state
+    /// directory) and the fleet's enrollment token: the auth callout admits
+    /// the key once the fleet approved it (`docs/design/enrollment.md`).
+    Enrollment {
+        token: Secret,
+        /// The identity seed, set by the daemon once loaded or generated
+        /// (`crate::enroll`); `None` straight from the config file.
+        seed: Option<Secret>,
+    },
 }
 
 /// `oauth2-client-credentials`: what identifies the device to the identity
@@ -75,6 +84,7 @@ impl NatsAuth {
             Self::Creds(_) => "creds",
             Self::TlsCertificate => "tls-certificate",
             Self::OAuth2(_) => "oauth2-client-credentials",
+            Self::Enrollment { .. } => "enrollment",
         }
     }
 }

@@ -201,11 +201,18 @@ pub(super) fn parse_auth(mut o: Obj, tls: Option<&Tls>) -> Result<NatsAuth, KeyE
             NatsAuth::TlsCertificate
         }
         "oauth2-client-credentials" => NatsAuth::OAuth2(parse_client_credentials(&mut o)?),
+        "enrollment" => {
+            let file = o.req_path("token-file")?;
+            NatsAuth::Enrollment {
+                token: read_secret(&o, "token-file", &file)?,
+                seed: None,
+            }
+        }
         other => {
             return Err(o.err(
                 "method",
                 format!(
-                    "unknown method {:?}: use none, user-password, token, creds, tls-certificate or oauth2-client-credentials",
+                    "unknown method {:?}: use none, user-password, token, creds, tls-certificate, oauth2-client-credentials or enrollment",
                     other.chars().take(40).collect::<String>()
                 ),
             ))

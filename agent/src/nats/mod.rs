@@ -24,6 +24,7 @@ pub mod inbox;
 pub mod kv;
 mod link;
 mod options;
+pub use options::enrollment_options;
 mod renew;
 mod state;
 pub mod watch;

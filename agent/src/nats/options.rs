@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::state::{ConnState, Params, Reconnect, BEARER_CRATE_RECONNECTS};
-use crate::config::NatsAuth;
+use fleet_common::nkey::{NkeyKind, NkeySeed};
+
+use crate::config::{NatsAuth, NatsConfig, Secret};
 use crate::oauth::AccessToken;
 
 /// Bytes of publishes the client buffers while disconnected. The agent
@@ -36,6 +38,9 @@ pub(super) fn options(
         (NatsAuth::Token(t), _) => nats::Options::with_token(t.expose()),
         (NatsAuth::Creds(path), _) => nats::Options::with_credentials(path),
         (NatsAuth::OAuth2(_), Some(t)) => nats::Options::with_token(t.token.expose()),
+        (NatsAuth::Enrollment { token, seed }, _) => {
+            nkey_options(seed.as_ref(), p.device.as_str(), token.expose())
+        }
         // `OAuth2` without a token is not reached: every link of that
         // method is made with one (and the server would refuse none).
         (NatsAuth::None | NatsAuth::TlsCertificate | NatsAuth::OAuth2(_), _) => {
@@ -56,21 +61,7 @@ pub(super) fn options(
             Reconnect::Forever => None,
             Reconnect::Once => Some(1),
         });
-    let tls_urls = cfg.servers.iter().any(|s| s.starts_with("tls://"));
-    if cfg.tls.is_none() && !tls_urls {
-        // No TLS at all: an empty trust list, so the crate does not parse
-        // every system CA (about 150) into memory at each connection.
-        o = o.add_root_certificate(NO_TLS_ROOTS);
-    }
-    if let Some(tls) = &cfg.tls {
-        o = o.tls_required(true);
-        if let Some(ca) = &tls.ca_file {
-            o = o.add_root_certificate(ca);
-        }
-        if let Some(c) = &tls.client_cert {
-            o = o.client_cert(&c.cert_file, &c.key_file);
-        }
-    }
+    o = with_tls(o, cfg);
     let s = Arc::clone(state);
     let o = o.disconnect_callback(move || {
         if !s.is_current(link) {
@@ -120,6 +111,62 @@ pub(super) fn options(
         }
     })
     .reconnect_delay_callback(reconnect_delay)
+}
+
+/// The TLS settings of `cfg`.
+fn with_tls(mut o: nats::Options, cfg: &NatsConfig) -> nats::Options {
+    let tls_urls = cfg.servers.iter().any(|s| s.starts_with("tls://"));
+    if cfg.tls.is_none() && !tls_urls {
+        // No TLS at all: an empty trust list, so the crate does not parse
+        // every system CA (about 150) into memory at each connection.
+        o = o.add_root_certificate(NO_TLS_ROOTS);
+    }
+    if let Some(tls) = &cfg.tls {
+        o = o.tls_required(true);
+        if let Some(ca) = &tls.ca_file {
+            o = o.add_root_certificate(ca);
+        }
+        if let Some(c) = &tls.client_cert {
+            o = o.client_cert(&c.cert_file, &c.key_file);
+        }
+    }
+    o
+}
+
+/// Authentication by the device's own nkey: the server's nonce signed,
+/// the device id as the user, the enrollment token beside them. Without a
+/// usable seed (not reached: the daemon sets it before connecting), no
+/// signature the callout would accept.
+fn nkey_options(seed: Option<&Secret>, device: &str, token: &str) -> nats::Options {
+    let seed = seed.and_then(|s| NkeySeed::parse_kind(s.expose(), NkeyKind::User).ok());
+    let public = seed
+        .as_ref()
+        .map(|s| s.public_key().encode())
+        .unwrap_or_default();
+    let seed = Arc::new(seed);
+    nats::Options::with_nkey(&public, move |nonce| {
+        seed.as_ref()
+            .as_ref()
+            .and_then(|s| s.key_pair().sign(nonce).ok())
+            .unwrap_or_default()
+    })
+    .nkey_extras(Some(device), Some(token))
+}
+
+/// The options of an enrollment connection (`crate::enroll`): the nkey
+/// authentication and TLS of `cfg`, one connection attempt per server (the
+/// crate counts the first attempt as a reconnect).
+pub fn enrollment_options(cfg: &NatsConfig, device: &str) -> nats::Options {
+    let o = match &cfg.auth {
+        NatsAuth::Enrollment { token, seed } => nkey_options(seed.as_ref(), device, token.expose()),
+        _ => nats::Options::new(),
+    };
+    with_tls(
+        o.with_name(&format!("fleet-agent {device} (enrolling)"))
+            .no_echo()
+            .max_reconnects(Some(1)),
+        cfg,
+    )
 }
 
 /// Delay before a connection attempt to a server that already failed

@@ -230,6 +230,16 @@ pub struct EnrollAnswer {
     pub retry_after_secs: Option<u64>,
 }
 
+/// The agent's record of its approval (`enrolled.json` in its state
+/// directory): with it, a restart connects as the device at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Enrolled {
+    pub device_id: DeviceId,
+    pub public_key: String,
+    pub approved_at: Timestamp,
+}
+
 /// A device id and public key of a device provisioned at the factory
 /// (`fleetctl device preauthorize --file`: one JSON object per line).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -141,6 +141,24 @@ impl CalloutNats {
         DeviceClient::connect(options, &self.server.url(), id)
     }
 
+    /// Device `id` connecting with its own user nkey `seed` (the signed
+    /// nonce), `id` as the user and `token` (an enrollment token) beside
+    /// them, as the agent's `enrollment` method does; one reconnect attempt.
+    pub fn connect_nkey(
+        &self,
+        id: &str,
+        seed: &fleet_common::nkey::NkeySeed,
+        token: Option<&str>,
+    ) -> io::Result<DeviceClient> {
+        let public = seed.public_key().encode();
+        let pair = nkeys::KeyPair::from_seed(&seed.encode()).map_err(io::Error::other)?;
+        let options =
+            nats::Options::with_nkey(&public, move |nonce| pair.sign(nonce).unwrap_or_default())
+                .nkey_extras(Some(id), token);
+        let options = self.server.client_options(options).max_reconnects(1);
+        DeviceClient::connect(options, &self.server.url(), id)
+    }
+
     /// Like [`connect_token`](Self::connect_token), panicking with both
     /// logs when the device is refused.
     pub fn device(&self, id: &str, token: &str) -> DeviceClient {

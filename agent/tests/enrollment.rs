@@ -1,0 +1,329 @@
+//! Enrollment against real parts: nats-server 2.14 in the auth-callout
+//! layout, the real `fleet-auth-callout` with enrollment on, the real agent
+//! with `nats.auth.method: enrollment`, Podman.
+//!
+//! Checked: a new device makes its own key (0600), asks to join, waits
+//! saying so in its log and `STATUS=`, is approved, reconnects as itself and
+//! runs its workload, and restarts straight into the fleet; the auto-approve
+//! rule; a pending device reaches nothing but its own request and answer; a
+//! wrong token, a forged signature, another device's id and a revoked
+//! device are refused, and the conflict is kept for the operator.
+//! (nats-server 2.9 has no auth callout: enrollment needs 2.10 or later,
+//! `docs/design/enrollment.md`.)
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use fleet_common::contracts::{AnswerState, DeviceRecord, EnrollAnswer, RecordState};
+use fleet_common::nkey::{NkeyKind, NkeySeed};
+use fleet_common::subjects::{
+    enroll_inbox_prefix, enroll_subject, kv_subject, BUCKET_REGISTRY, BUCKET_STATUS,
+};
+use fleet_harness::{poll_until, CalloutNats, DeviceClient, Idp, Podman};
+use rustix::process::Signal;
+use serde_json::json;
+use tempfile::TempDir;
+
+const TOKEN: &str = "batch-2026-11-enroll-token";
+const WAIT: Duration = Duration::from_secs(3);
+
+struct Fleet {
+    _idp: Idp,
+    nats: CalloutNats,
+    dir: TempDir,
+}
+
+impl Fleet {
+    fn start(auto_approve: Option<&str>) -> Fleet {
+        use std::os::unix::fs::PermissionsExt;
+        let idp = Idp::start();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("enrollment-token");
+        std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let mut enrollment = json!({"token_files": [token]});
+        if let Some(rule) = auto_approve {
+            enrollment["auto_approve"] = json!(rule);
+        }
+        let nats = CalloutNats::start(&idp, json!({ "enrollment": enrollment }));
+        Fleet {
+            _idp: idp,
+            nats,
+            dir,
+        }
+    }
+
+    fn settings(&self, token: &str) -> Settings {
+        let path = self
+            .dir
+            .path()
+            .join(format!("agent-token-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&path, format!("{token}\n")).expect("token");
+        let mut s = Settings::new(vec![self.nats.server.url()]);
+        s.auth = Some(json!({"method": "enrollment", "token-file": path}));
+        s
+    }
+
+    fn record(&self, id: &str) -> Option<(DeviceRecord, u64)> {
+        let kv = bucket(&self.nats.server.admin(), BUCKET_REGISTRY);
+        let e = kv.entry(id).expect("registry read")?;
+        let r = serde_json::from_slice(&e.value).ok()?;
+        Some((r, e.revision))
+    }
+
+    fn set_state(&self, id: &str, state: RecordState) {
+        let (mut r, rev) = self.record(id).expect("record");
+        r.state = state;
+        let kv = bucket(&self.nats.server.admin(), BUCKET_REGISTRY);
+        kv.update(id, serde_json::to_vec(&r).expect("json"), rev)
+            .expect("registry write");
+    }
+}
+
+fn identity_key(dev: &Device) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dev.path("var/lib/harmony-fleet/agent/identity.nk");
+    let mode = std::fs::metadata(&path)
+        .expect("identity key written")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "the identity key is private");
+    let seed = std::fs::read_to_string(&path).expect("read");
+    NkeySeed::parse_kind(seed.trim(), NkeyKind::User)
+        .expect("a user seed")
+        .public_key()
+        .encode()
+}
+
+#[test]
+fn a_new_device_waits_for_approval_then_runs_its_workload() {
+    let podman = Podman::new();
+    let fleet = Fleet::start(None);
+    let admin = fleet.nats.server.admin();
+    put_workload(&admin, "dev-e1", "web", &quick_sleeper(&podman, "v1"));
+    let dev = Device::new("dev-e1", &fleet.settings(TOKEN), Some(&podman));
+    let mut agent = dev.spawn(Some(&podman));
+
+    // Pending, with its own key and its facts, and saying what it waits for.
+    let (record, _) = poll_until("the pending record", Duration::from_secs(20), || {
+        fleet.record("dev-e1")
+    });
+    assert_eq!(record.state, RecordState::Pending);
+    let key = identity_key(&dev);
+    assert_eq!(record.public_key.as_deref(), Some(key.as_str()));
+    assert_eq!(
+        record.facts.get("agent-version").map(String::as_str),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    assert!(record.facts.contains_key("arch"), "{record:?}");
+    agent.wait_for_line("waiting for approval of dev-e1", WAIT * 5);
+    poll_until("STATUS= says it waits", WAIT * 5, || {
+        dev.notify.find("STATUS=waiting for approval of dev-e1")
+    });
+    assert!(
+        status::<serde_json::Value>(&admin, "dev-e1", "info").is_none(),
+        "nothing is reported before approval"
+    );
+    assert!(
+        container(&podman, "fleet-web").is_none(),
+        "no workload before approval"
+    );
+
+    // Approved: it connects as itself and runs its workload.
+    fleet.set_state("dev-e1", RecordState::Approved);
+    wait_running(&podman, "fleet-web", "web running", |_| true);
+    fleet.nats.logged("authorized device dev-e1");
+    poll_until("device info", CONVERGE, || {
+        status::<serde_json::Value>(&admin, "dev-e1", "info")
+    });
+    assert!(
+        !agent.log().contains(
+            &std::fs::read_to_string(dev.path("var/lib/harmony-fleet/agent/identity.nk"))
+                .expect("seed")
+                .trim()
+                .to_owned()
+        ),
+        "the seed never reaches the log"
+    );
+
+    // A restart goes straight in, with the same key.
+    agent.signal(Signal::TERM);
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+    let mut agent = dev.start(Some(&podman));
+    agent.wait_for_line("enrolled as dev-e1", WAIT * 5);
+    dev.wait_ready(&mut agent);
+    assert_eq!(identity_key(&dev), key);
+
+    // Revoked: the device is refused at its next connection.
+    fleet.set_state("dev-e1", RecordState::Revoked);
+    let seed = NkeySeed::parse_kind(
+        std::fs::read_to_string(dev.path("var/lib/harmony-fleet/agent/identity.nk"))
+            .expect("seed")
+            .trim(),
+        NkeyKind::User,
+    )
+    .expect("seed");
+    let refused = fleet.nats.connect_nkey("dev-e1", &seed, Some(TOKEN));
+    assert!(refused.is_err(), "a revoked device connected");
+    fleet.nats.logged("device dev-e1 is revoked");
+    agent.signal(Signal::TERM);
+    let _ = agent.wait_exit(Duration::from_secs(30));
+}
+
+#[test]
+fn the_auto_approve_rule_admits_matching_devices_at_once() {
+    let podman = Podman::new();
+    let arch = fleet_common::validate::Arch::current()
+        .expect("arch")
+        .as_str();
+    let fleet = Fleet::start(Some(&format!("arch={arch}")));
+    let admin = fleet.nats.server.admin();
+    put_workload(&admin, "dev-e2", "web", &quick_sleeper(&podman, "v1"));
+    let dev = Device::new("dev-e2", &fleet.settings(TOKEN), Some(&podman));
+    let mut agent = dev.spawn(Some(&podman));
+    agent.wait_for_line(
+        "approved (the enrollment service says so)",
+        Duration::from_secs(20),
+    );
+    dev.wait_ready(&mut agent);
+    wait_running(&podman, "fleet-web", "web running", |_| true);
+    let (record, _) = fleet.record("dev-e2").expect("record");
+    assert_eq!(record.state, RecordState::Approved);
+    assert_eq!(
+        record.decided_by.as_deref(),
+        Some(format!("auto-approve arch={arch}").as_str())
+    );
+    agent.signal(Signal::TERM);
+    let _ = agent.wait_exit(Duration::from_secs(30));
+}
+
+/// Sends `body` on `key`'s enrollment subject with a reply on its inbox.
+fn ask(c: &DeviceClient, key: &str, body: &serde_json::Value) -> Option<EnrollAnswer> {
+    let inbox = format!(
+        "{}{}",
+        enroll_inbox_prefix(key),
+        uuid::Uuid::new_v4().simple()
+    );
+    let sub = c.conn.subscribe(&inbox).ok()?;
+    c.conn
+        .publish_with_reply_or_headers(&enroll_subject(key), Some(&inbox), None, body.to_string())
+        .ok()?;
+    let m = sub.next_timeout(WAIT).ok()?;
+    serde_json::from_slice(&m.data).ok()
+}
+
+fn expect_violation(c: &DeviceClient, kind: &str, subject: &str) {
+    let err = c
+        .next_error(WAIT)
+        .unwrap_or_else(|| panic!("no {kind} violation for {subject}"));
+    assert!(
+        err.contains(&format!("Permissions Violation for {kind}")) && err.contains(subject),
+        "expected a {kind} violation on {subject}, got {err}"
+    );
+}
+
+#[test]
+fn a_pending_device_reaches_only_its_own_request_and_bad_ones_are_refused() {
+    let fleet = Fleet::start(None);
+    let admin = fleet.nats.server.admin();
+    let seed = NkeySeed::generate(NkeyKind::User).expect("seed");
+    let key = seed.public_key().encode();
+    let other = NkeySeed::generate(NkeyKind::User).expect("seed");
+    let other_key = other.public_key().encode();
+
+    // Without the token, with a wrong one: refused outright.
+    assert!(fleet.nats.connect_nkey("dev-p", &seed, None).is_err());
+    assert!(fleet
+        .nats
+        .connect_nkey("dev-p", &seed, Some("batch-2026-11-enroll-tokeN"))
+        .is_err());
+    // An id unsafe for subjects: refused.
+    assert!(fleet
+        .nats
+        .connect_nkey("dev.p", &seed, Some(TOKEN))
+        .is_err());
+    fleet
+        .nats
+        .logged("must give its device id as the user name");
+
+    let c = fleet
+        .nats
+        .connect_nkey("dev-p", &seed, Some(TOKEN))
+        .unwrap_or_else(|e| panic!("enrolling device refused: {e}\n{}", fleet.nats.logs()));
+    let request =
+        |id: &str, k: &str| json!({"device-id": id, "public-key": k, "facts": {"arch": "arm64"}});
+    let a = ask(&c, &key, &request("dev-p", &key)).expect("an answer");
+    assert_eq!(a.state, AnswerState::Pending, "{a:?}");
+
+    // Nothing else: another key's subject, the registry, fleet data, a
+    // wildcard subscription, another device's inbox.
+    c.conn
+        .publish(
+            &enroll_subject(&other_key),
+            request("dev-q", &other_key).to_string(),
+        )
+        .expect("buffered");
+    expect_violation(&c, "Publish", &enroll_subject(&other_key));
+    c.conn
+        .publish(&kv_subject(BUCKET_REGISTRY, "dev-p"), b"{}")
+        .expect("buffered");
+    expect_violation(&c, "Publish", &kv_subject(BUCKET_REGISTRY, "dev-p"));
+    c.conn
+        .publish(&kv_subject(BUCKET_STATUS, "dev-p.info"), b"{}")
+        .expect("buffered");
+    expect_violation(&c, "Publish", &kv_subject(BUCKET_STATUS, "dev-p.info"));
+    let _sub = c.conn.subscribe(">").expect("buffered");
+    expect_violation(&c, "Subscription", ">");
+    let theirs = format!("{}>", enroll_inbox_prefix(&other_key));
+    let _sub = c.conn.subscribe(&theirs).expect("buffered");
+    expect_violation(&c, "Subscription", &theirs);
+    let (r, _) = fleet.record("dev-p").expect("record");
+    assert_eq!(r.state, RecordState::Pending);
+
+    // Bad requests: answered with the reason, nothing written.
+    std::thread::sleep(fleet_common::limits::ENROLL_MIN_REQUEST_INTERVAL);
+    let a = ask(&c, &key, &request("dev-p", &other_key)).expect("an answer");
+    assert_eq!(a.state, AnswerState::Rejected, "{a:?}");
+    assert!(
+        a.reason.as_deref().unwrap_or("").contains("not the key"),
+        "{a:?}"
+    );
+    // Asking again at once: slow down.
+    let a = ask(&c, &key, &request("dev-p", &key)).expect("an answer");
+    assert_eq!(a.state, AnswerState::SlowDown, "{a:?}");
+    drop(c);
+
+    // Another key naming dev-p: refused, and the operator sees it.
+    let c2 = fleet
+        .nats
+        .connect_nkey("dev-p", &other, Some(TOKEN))
+        .expect("admitted to ENROLL");
+    let a = ask(&c2, &other_key, &request("dev-p", &other_key)).expect("an answer");
+    assert_eq!(a.state, AnswerState::Rejected, "{a:?}");
+    let (r, _) = fleet.record("dev-p").expect("record");
+    assert_eq!(
+        r.public_key.as_deref(),
+        Some(key.as_str()),
+        "the key is unchanged"
+    );
+    assert_eq!(
+        r.conflict.as_ref().map(|c| c.public_key.as_str()),
+        Some(other_key.as_str())
+    );
+    drop(c2);
+
+    // A forged signature (dev-p's key, signed by another) is refused.
+    let forger = nkeys::KeyPair::from_seed(&other.encode()).expect("pair");
+    let forged =
+        nats::Options::with_nkey(&key, move |nonce| forger.sign(nonce).unwrap_or_default())
+            .nkey_extras(Some("dev-p"), Some(TOKEN));
+    let forged = fleet.nats.server.client_options(forged).max_reconnects(1);
+    assert!(forged.connect(fleet.nats.server.url().as_str()).is_err());
+    fleet
+        .nats
+        .logged("nkey signature of the nonce: does not verify");
+    let _ = admin;
+}
