@@ -54,6 +54,11 @@ impl Layout {
     pub fn agent_config(&self) -> PathBuf {
         self.at("etc/harmony-fleet/agent.json")
     }
+    /// `/etc/harmony-fleet/enrollment-token`: the fleet's enrollment token
+    /// (`nats.auth.method: enrollment`), root:fleet-agent 0640.
+    pub fn enrollment_token(&self) -> PathBuf {
+        self.at("etc/harmony-fleet/enrollment-token")
+    }
     /// `/etc/harmony-fleet/updater.json`
     pub fn updater_config(&self) -> PathBuf {
         self.at("etc/harmony-fleet/updater.json")

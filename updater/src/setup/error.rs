@@ -49,6 +49,11 @@ pub enum SetupError {
         path: PathBuf,
         why: String,
     },
+    /// The `--enrollment-token` file cannot be installed.
+    EnrollmentToken {
+        path: PathBuf,
+        why: String,
+    },
     UnknownUser {
         name: String,
         passwd: PathBuf,
@@ -111,6 +116,11 @@ impl fmt::Display for SetupError {
             Self::Config { path, why } => write!(
                 f,
                 "agent config {}: {why}; give a JSON object (see fleet-agent --help)",
+                path.display()
+            ),
+            Self::EnrollmentToken { path, why } => write!(
+                f,
+                "enrollment token {}: {why}; give the file the fleet's operator handed out",
                 path.display()
             ),
             Self::UnknownUser { name, passwd } => write!(

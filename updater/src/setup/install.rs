@@ -125,6 +125,40 @@ pub(super) fn install_config(config: &Path, layout: &Layout) -> Result<(), Setup
     Ok(())
 }
 
+/// Largest enrollment token file read.
+const MAX_TOKEN_BYTES: u64 = 4096;
+
+/// Checks `token` (one line, ≤ 4 KiB) and installs it as the fleet's
+/// enrollment token ([`Layout::enrollment_token`]), root:fleet-agent 0640.
+pub(super) fn install_enrollment_token(token: &Path, layout: &Layout) -> Result<(), SetupError> {
+    let bad = |why: String| SetupError::EnrollmentToken {
+        path: token.to_owned(),
+        why,
+    };
+    let bytes = durable::read_bounded(token, MAX_TOKEN_BYTES).map_err(|e| bad(e.to_string()))?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| bad("not UTF-8".to_owned()))?;
+    let line = text.trim_end_matches(['\n', '\r']);
+    if line.is_empty() || line.contains(['\n', '\r', '\0']) {
+        return Err(bad(
+            "must hold the enrollment token on one line, nothing else".to_owned(),
+        ));
+    }
+    let target = layout.enrollment_token();
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| bad(e.to_string()))?;
+    }
+    durable::write_atomic(&target, format!("{line}\n").as_bytes(), 0o640)?;
+    if let Some(gid) = lookup_group(layout, AGENT_GROUP) {
+        rustix::fs::chown(
+            &target,
+            Some(rustix::fs::Uid::ROOT),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        )
+        .map_err(|e| bad(format!("cannot give it group {AGENT_GROUP}: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Step 8: the link to `target` when absent or dangling; a link to an
 /// existing file is kept.
 pub(super) fn ensure_link(layout: &Layout, target: &Path) -> Result<String, SetupError> {

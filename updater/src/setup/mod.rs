@@ -3,7 +3,8 @@
 //! again as the root repair of `rollback-failed` (REPAIR.md).
 //!
 //! ```text
-//! fleet-updater setup --agent-binary PATH [--config PATH] [--units-from DIR]
+//! fleet-updater setup --agent-binary PATH [--config PATH] [--enrollment-token PATH]
+//!                     [--units-from DIR]
 //!                     [--repair] [--select VERSION]
 //!                     [--root DIR] [--service-manager systemctl|supervisor]
 //! ```
@@ -28,7 +29,10 @@
 //!    agent user; identical bytes are left alone;
 //! 6. with `--config PATH`: the agent config (a JSON object; the agent
 //!    checks the rest) as `/etc/harmony-fleet/agent.json`, root:fleet-agent
-//!    0640;
+//!    0640; with `--enrollment-token PATH`: the fleet's enrollment token (one
+//!    line) as `/etc/harmony-fleet/enrollment-token`, root:fleet-agent 0640,
+//!    the path the `enrollment` method's `token-file` names
+//!    (docs/design/enrollment.md);
 //! 7. the agent's drop-ins: its user manager for rootless Podman
 //!    (`user@<uid>.service`, `XDG_RUNTIME_DIR`), restart backoff where
 //!    systemd is 254 or newer;
@@ -79,7 +83,9 @@ use crate::journal::JournalStore;
 use crate::service::{ManagerKind, ServiceError, ServiceManager, Supervisor, Systemctl};
 
 pub use error::SetupError;
-use install::{agent_version, ensure_link, install_config, install_versioned};
+use install::{
+    agent_version, ensure_link, install_config, install_enrollment_token, install_versioned,
+};
 use system::{
     ensure_subids, install_units_from, lookup_user, systemctl, systemctl_bounded, systemd_version,
     sysusers_and_tmpfiles, tool, units_present, write_dropins, Host,
@@ -96,6 +102,8 @@ pub struct SetupArgs {
     pub agent_binary: Option<PathBuf>,
     pub select: Option<Version>,
     pub config: Option<PathBuf>,
+    /// The fleet's enrollment token to install.
+    pub enrollment_token: Option<PathBuf>,
     pub units_from: Option<PathBuf>,
     pub root: Option<PathBuf>,
     pub manager: ManagerKind,
@@ -111,6 +119,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<SetupArgs, Stri
         agent_binary: None,
         select: None,
         config: None,
+        enrollment_token: None,
         units_from: None,
         root: None,
         manager: ManagerKind::Systemctl,
@@ -122,6 +131,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<SetupArgs, Stri
         match arg.as_str() {
             "--agent-binary" => parsed.agent_binary = Some(value("--agent-binary")?.into()),
             "--config" => parsed.config = Some(value("--config")?.into()),
+            "--enrollment-token" => {
+                parsed.enrollment_token = Some(value("--enrollment-token")?.into())
+            }
             "--units-from" => parsed.units_from = Some(value("--units-from")?.into()),
             "--root" => parsed.root = Some(value("--root")?.into()),
             "--repair" => parsed.repair = true,
@@ -248,6 +260,15 @@ pub fn run(args: &SetupArgs) -> Result<Vec<String>, SetupError> {
             "agent config {} installed as {}",
             config.display(),
             layout.agent_config().display()
+        ));
+    }
+
+    if let Some(token) = &args.enrollment_token {
+        install_enrollment_token(token, &layout)?;
+        done.push(format!(
+            "enrollment token {} installed as {}",
+            token.display(),
+            layout.enrollment_token().display()
         ));
     }
 
@@ -650,6 +671,28 @@ mod tests {
             std::fs::read(&dst).expect("read"),
             b"#!/bin/sh\necho rebuilt\n"
         );
+    }
+
+    #[test]
+    fn the_enrollment_token_is_one_line_and_private_to_the_agent_group() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let layout = Layout::with_root(dir.path());
+        let src = dir.path().join("token");
+        for bad in ["", "\n", "a\nb\n"] {
+            std::fs::write(&src, bad).expect("write");
+            let e = install_enrollment_token(&src, &layout).expect_err(bad);
+            assert!(e.to_string().contains("on one line"), "{e}");
+            assert!(!layout.enrollment_token().exists());
+        }
+        std::fs::write(&src, "batch-7\n").expect("write");
+        install_enrollment_token(&src, &layout).expect("good");
+        assert_eq!(
+            std::fs::read_to_string(layout.enrollment_token()).expect("read"),
+            "batch-7\n"
+        );
+        let m = std::fs::metadata(layout.enrollment_token()).expect("meta");
+        assert_eq!(m.permissions().mode() & 0o777, 0o640);
     }
 
     #[test]
