@@ -120,6 +120,14 @@ fn a_new_device_waits_for_approval_then_runs_its_workload() {
     );
     assert!(record.facts.contains_key("arch"), "{record:?}");
     agent.wait_for_line("waiting for approval of dev-e1", WAIT * 5);
+    assert!(
+        !agent
+            .log()
+            .lines()
+            .any(|l| l.starts_with("Permissions Violation")),
+        "the expected refusal of one of the two probes is not shouted:\n{}",
+        agent.log()
+    );
     poll_until("STATUS= says it waits", WAIT * 5, || {
         dev.notify.find("STATUS=waiting for approval of dev-e1")
     });

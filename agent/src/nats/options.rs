@@ -164,6 +164,10 @@ pub fn enrollment_options(cfg: &NatsConfig, device: &str) -> nats::Options {
     with_tls(
         o.with_name(&format!("fleet-agent {device} (enrolling)"))
             .no_echo()
+            // One of the two requests of an attempt is always refused (the
+            // account the callout placed this connection in allows only the
+            // other): expected, not worth a warning.
+            .error_callback(|e| log::debug!("NATS server error while enrolling: {e}"))
             .max_reconnects(Some(1)),
         cfg,
     )
