@@ -162,6 +162,24 @@ pub fn ensure_enrolled(
     }
 }
 
+/// Puts the existing identity's seed in `cfg` (the `enrollment` method
+/// only), making none: the candidate probe of an upgrade connects as the
+/// enrolled device it will run on.
+pub fn use_identity(cfg: &mut NatsConfig, state_dir: &Path) -> Result<(), EnrollError> {
+    let NatsAuth::Enrollment { seed, .. } = &mut cfg.auth else {
+        return Ok(());
+    };
+    let path = state_dir.join(IDENTITY_FILE);
+    if !path.exists() {
+        return Err(EnrollError::Identity {
+            path,
+            detail: "absent: this device has not enrolled yet (start the agent first)".to_owned(),
+        });
+    }
+    *seed = Some(Secret::new(load_or_create(&path)?.encode()));
+    Ok(())
+}
+
 /// What one attempt learned.
 #[derive(Debug)]
 enum Asked {

@@ -251,8 +251,11 @@ impl Ctx {
             },
             Step::NatsAuth => {
                 let c = self.config.as_ref().ok_or_else(missing)?;
+                let mut cfg = c.nats.clone();
+                crate::enroll::use_identity(&mut cfg, &c.layout().agent_state_dir())
+                    .map_err(|e| e.to_string())?;
                 let n = nats::connect(
-                    &c.nats,
+                    &cfg,
                     &c.device_id,
                     Reconnect::Once,
                     nats::Pings {

@@ -164,6 +164,13 @@ fn a_new_device_waits_for_approval_then_runs_its_workload() {
     agent.wait_for_line("enrolled as dev-e1", WAIT * 5);
     dev.wait_ready(&mut agent);
     assert_eq!(identity_key(&dev), key);
+    // The candidate probe of an upgrade connects as the enrolled device.
+    let _updater = dev.fake_updater_socket();
+    let mut probe =
+        fleet_harness::ChildGuard::spawn(dev.command(&["--self-test"], Some(&podman)), "probe");
+    let exit = probe.wait_exit(Duration::from_secs(240));
+    assert!(exit.success(), "probe: {exit}\n{}", probe.log());
+    assert!(probe.log().contains("connected to"), "{}", probe.log());
 
     // Revoked: the device is refused at its next connection.
     fleet.set_state("dev-e1", RecordState::Revoked);
