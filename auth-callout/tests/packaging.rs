@@ -16,6 +16,9 @@ use fleet_harness::{workspace_root, NatsVersion};
 /// output of `fleet-auth-callout keygen`.
 const EXAMPLE_ISSUER: &str = "ACODERUVFFAWZQDSS6SBIACUA5O6SXF7HJ3YTYXBALHZP3P7R4BUO4J2";
 
+/// The nonce user of the example (`fleet_common::nats_config::NONCE_USER_NOTE`).
+const EXAMPLE_NONCE_KEY: &str = "UAMMBNV2EYR65NYZZ7IAK5SIR5ODNTTERJOBOF4KJLMWI45YOXOSWULM";
+
 fn example() -> String {
     let text = callout_server_config(&CalloutServerConfig {
         listen: "0.0.0.0:4222".parse().expect("addr"),
@@ -24,9 +27,9 @@ fn example() -> String {
         admin_password: "CHANGE-ME-admin".to_owned(),
         callout_password: "CHANGE-ME-auth-callout".to_owned(),
         issuer: PublicNkey::parse_kind(EXAMPLE_ISSUER, NkeyKind::Account).expect("account key"),
-        nonce_key: fleet_common::nkey::NkeySeed::generate(fleet_common::nkey::NkeyKind::User)
-            .expect("user key")
-            .public_key(),
+        // A published user key (the nats crate's docs): fleetctl writes a
+        // fresh one whose seed it drops; this one's user may do nothing.
+        nonce_key: PublicNkey::parse_kind(EXAMPLE_NONCE_KEY, NkeyKind::User).expect("user key"),
         cluster: None,
         leafnodes: None,
         protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
