@@ -35,9 +35,7 @@ use std::fmt::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fleet_common::contracts::{
-    DeviceRecord, Preauthorized, RecordState, WorkloadsReport, MAX_REASON_CHARS,
-};
+use fleet_common::contracts::{DeviceRecord, Preauthorized, RecordState, MAX_REASON_CHARS};
 use fleet_common::durable;
 use fleet_common::limits::NATS_REQUEST_TIMEOUT;
 use fleet_common::presence::Presence;
@@ -844,7 +842,11 @@ fn kick(conn: &nats::Connection, server_id: &str, cid: u64) -> Result<bool, Stri
     ) {
         Ok(m) => match serde_json::from_slice::<KickAnswer>(&m.data) {
             Ok(KickAnswer { error: None }) => Ok(true),
-            Ok(KickAnswer { error: Some(e) }) if e.description.contains("not found") => Ok(false),
+            // Closed meanwhile (the server's words: "no such client or
+            // leafnode id").
+            Ok(KickAnswer { error: Some(e) }) if e.description.contains("no such client") => {
+                Ok(false)
+            }
             Ok(KickAnswer { error: Some(e) }) => Err(format!(
                 "server {server_id} refused the kick: {} ({})",
                 e.description, e.code
@@ -874,10 +876,15 @@ pub fn require_kick(conn: &nats::Connection, command: &str) -> Result<(), CtlErr
     let Some(id) = p.server_ids.values().next() else {
         return Err(refuse("no server said its id".to_owned()));
     };
-    // No connection has id 0: a server with the kick answers "not found".
-    match kick(conn, id, 0) {
+    // No connection has id 0: a server with the kick answers "no such
+    // client"; any answer says the kick is there.
+    let body = serde_json::json!({ "cid": 0 }).to_string();
+    match conn.request_timeout(&presence_kick_subject(id), body, NATS_REQUEST_TIMEOUT) {
         Ok(_) => Ok(()),
-        Err(why) => Err(refuse(why)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(refuse(format!(
+            "no server answers {PRESENCE_KICK} (a static config, a callout config from before revoke, or a server before 2.10: regenerate the config)"
+        ))),
+        Err(e) => Err(refuse(format!("server {id} did not answer the kick: {e}"))),
     }
 }
 
@@ -1001,6 +1008,12 @@ pub fn decommission(
     Ok(out)
 }
 
+/// The workloads a `fleet-status` `<device>.workloads` report lists.
+#[derive(serde::Deserialize)]
+struct Listed {
+    workloads: BTreeMap<String, serde::de::IgnoredAny>,
+}
+
 /// Polls `<device>.workloads` of `fleet-status` until it lists none, at
 /// most `wait`.
 fn wait_for_no_workloads(
@@ -1017,11 +1030,12 @@ fn wait_for_no_workloads(
             .get(&key)
             .map_err(CtlError::nats(format!("reading {BUCKET_STATUS} {key}")))?;
         if let Some(bytes) = value.filter(|v| !v.is_empty()) {
-            if let Ok(report) = serde_json::from_slice::<WorkloadsReport>(&bytes) {
+            // Read tolerantly: only which workloads it lists matters.
+            if let Ok(report) = serde_json::from_slice::<Listed>(&bytes) {
                 if report.workloads.is_empty() {
                     return Ok(());
                 }
-                last = Some(report.workloads.keys().map(ToString::to_string).collect());
+                last = Some(report.workloads.into_keys().collect());
             }
         }
         if Instant::now() >= deadline {
@@ -1039,7 +1053,7 @@ fn wait_for_no_workloads(
     .is_some_and(|i| i.config_state.state.is_frozen());
     let what = match last {
         Some(w) => format!("still reports workloads {}", w.join(", ")),
-        None => "has reported no workloads report".to_owned(),
+        None => "has not reported its workloads".to_owned(),
     };
     let why = if frozen {
         "it is in change freeze (its workloads stay until someone on the device unfreezes it)"
