@@ -38,7 +38,7 @@ use crate::subjects::{
     registry_service_exports, republish_config, stream_name, DeviceProtocols, ACCOUNT_AUTH,
     ACCOUNT_DEVICES, ACCOUNT_ENROLL, ACCOUNT_FLEET, ACCOUNT_SYSTEM, BUCKET_CONTROL, BUCKET_DESIRED,
     BUCKET_OPERATOR, BUCKET_REGISTRY, BUCKET_STATUS, BUCKET_WORKLOADS, PRESENCE_CONNZ,
-    PRESENCE_EVENTS_PREFIX, SYS_DEVICES_CONNZ, SYS_DEVICES_EVENTS,
+    PRESENCE_EVENTS_PREFIX, PRESENCE_KICK, SYS_DEVICES_CONNZ, SYS_DEVICES_EVENTS, SYS_SERVER_KICK,
 };
 use crate::validate::DeviceId;
 
@@ -109,8 +109,12 @@ pub fn static_server_config(c: &StaticServerConfig) -> String {
     );
     o.push(format!("system_account: {ACCOUNT_SYSTEM}"));
     o.push("accounts {".to_owned());
-    o.extend(system_account_lines());
-    o.extend(fleet_account_lines(&c.admin_password, c.protocols, false));
+    o.extend(system_account_lines(Layout::Static));
+    o.extend(fleet_account_lines(
+        &c.admin_password,
+        c.protocols,
+        Layout::Static,
+    ));
     let side = DevicesSide::Hub {
         leaves: c.leafnodes.is_some(),
     };
@@ -172,8 +176,12 @@ pub fn callout_server_config(c: &CalloutServerConfig) -> String {
     ]);
     o.extend(auth_account_lines(&c.callout_password, &c.nonce_key));
     o.extend(enroll_account_lines());
-    o.extend(system_account_lines());
-    o.extend(fleet_account_lines(&c.admin_password, c.protocols, true));
+    o.extend(system_account_lines(Layout::Callout));
+    o.extend(fleet_account_lines(
+        &c.admin_password,
+        c.protocols,
+        Layout::Callout,
+    ));
     let side = DevicesSide::Hub {
         leaves: c.leafnodes.is_some(),
     };
@@ -460,12 +468,22 @@ fn server_lines(
     o
 }
 
+/// Which layout an account's lines are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// [`static_server_config`]: every server supported, 2.9 included.
+    Static,
+    /// [`callout_server_config`]: 2.10 and later, the registry in `FLEET`.
+    Callout,
+}
+
 /// The system account: no users; it exports to `FLEET` the devices' CONNZ
 /// (answered by every server, hence `response_type: stream`) and their
-/// connect/disconnect events, and nothing else of the system
-/// (docs/design/presence.md).
-fn system_account_lines() -> Vec<String> {
-    vec![
+/// connect/disconnect events, and, in the callout layout, every server's
+/// kick of a connection (`fleetctl device revoke`: 2.10 and later); nothing
+/// else of the system (docs/design/presence.md).
+fn system_account_lines(layout: Layout) -> Vec<String> {
+    let mut o = vec![
         format!("  {ACCOUNT_SYSTEM} {{"),
         "    exports: [".to_owned(),
         format!(
@@ -476,17 +494,25 @@ fn system_account_lines() -> Vec<String> {
             "      {{ stream: {}, accounts: [{ACCOUNT_FLEET}] }}",
             quoted(SYS_DEVICES_EVENTS)
         ),
-        "    ]".to_owned(),
-        "  }".to_owned(),
-    ]
+    ];
+    if layout == Layout::Callout {
+        o.push(format!(
+            "      {{ service: {}, accounts: [{ACCOUNT_FLEET}] }}",
+            quoted(SYS_SERVER_KICK)
+        ));
+    }
+    o.extend(["    ]".to_owned(), "  }".to_owned()]);
+    o
 }
 
 /// Account `FLEET`: JetStream, the admin user, the exports to `DEVICES`,
-/// the imports of presence from the system account.
+/// the imports of presence (and, in the callout layout, of the kick) from
+/// the system account, and in the callout layout the registry exported to
+/// `AUTH`.
 fn fleet_account_lines(
     admin_password: &str,
     protocols: DeviceProtocols,
-    registry_to_auth: bool,
+    layout: Layout,
 ) -> Vec<String> {
     let mut o = vec![
         format!("  {ACCOUNT_FLEET} {{"),
@@ -507,9 +533,15 @@ fn fleet_account_lines(
             quoted(SYS_DEVICES_EVENTS),
             quoted(PRESENCE_EVENTS_PREFIX)
         ),
-        "    ]".to_owned(),
-        "    exports: [".to_owned(),
     ];
+    if layout == Layout::Callout {
+        o.push(format!(
+            "      {{ service: {{ account: {ACCOUNT_SYSTEM}, subject: {} }}, to: {} }}",
+            quoted(SYS_SERVER_KICK),
+            quoted(PRESENCE_KICK)
+        ));
+    }
+    o.extend(["    ]".to_owned(), "    exports: [".to_owned()]);
     for (subject, _) in &account_service_exports(protocols) {
         o.push(format!(
             "      {{ service: {}, accounts: [{ACCOUNT_DEVICES}] }}",
@@ -522,7 +554,7 @@ fn fleet_account_lines(
             quoted(subject)
         ));
     }
-    if registry_to_auth {
+    if layout == Layout::Callout {
         for subject in &registry_service_exports() {
             o.push(format!(
                 "      {{ service: {}, accounts: [{ACCOUNT_AUTH}] }}",
@@ -924,6 +956,8 @@ mod tests {
             r#"    issuer: "ACODERUVFFAWZQDSS6SBIACUA5O6SXF7HJ3YTYXBALHZP3P7R4BUO4J2""#,
             r#"    auth_users: [ "auth-callout", "admin" ]"#,
             "    account: AUTH",
+            r#"      { service: "$SYS.REQ.SERVER.*.KICK", accounts: [FLEET] }"#,
+            r#"      { service: { account: SYS, subject: "$SYS.REQ.SERVER.*.KICK" }, to: "fleetpresence.KICK.*" }"#,
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -74,6 +74,10 @@ pub struct ConnzAnswer {
 #[derive(Debug, Clone, Deserialize)]
 pub struct AnswerServer {
     pub name: String,
+    /// The server's id (the `<id>` of its `$SYS.REQ.SERVER.<id>.*`
+    /// requests, such as the kick of a connection).
+    #[serde(default)]
+    pub id: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -312,11 +316,29 @@ pub enum ServerAnswer {
     NoAnswer,
 }
 
+/// One connection of a device as a server listed it: what closing it
+/// (`$SYS.REQ.SERVER.<server_id>.KICK`, body `{"cid": N}`) names.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceConnection {
+    /// The server's name.
+    pub server: String,
+    /// The server's id ([`AnswerServer::id`]).
+    pub server_id: String,
+    /// The connection's id on that server.
+    pub cid: u64,
+}
+
 /// The cluster's view at one read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Presence {
     pub servers: BTreeMap<String, ServerAnswer>,
+    /// Per device, its newest connection.
     pub online: HashMap<DeviceId, Online>,
+    /// Per device, every connection found (an old one may linger on
+    /// another server until its ping fails).
+    pub connections: HashMap<DeviceId, BTreeSet<DeviceConnection>>,
+    /// Each server that answered: its name → its id.
+    pub server_ids: BTreeMap<String, String>,
 }
 
 impl Presence {
@@ -410,6 +432,9 @@ pub struct Collector {
     /// Per device, the start of the connection kept (the newest wins: an
     /// old one may linger on another server until its ping fails).
     online_start: HashMap<DeviceId, (Option<Timestamp>, u64)>,
+    /// Per device, every connection listed (pages overlap: a set).
+    connections: HashMap<DeviceId, BTreeSet<DeviceConnection>>,
+    server_ids: BTreeMap<String, String>,
     /// Round 0 was answered by someone.
     first_answered: bool,
     /// The servers expected when round 0 ended (set by the first
@@ -431,6 +456,8 @@ impl Collector {
             servers: BTreeMap::new(),
             online: HashMap::new(),
             online_start: HashMap::new(),
+            connections: HashMap::new(),
+            server_ids: BTreeMap::new(),
             first_answered: false,
             round0_expected: None,
         }
@@ -522,6 +549,9 @@ impl Collector {
                 return false;
             }
         }
+        if !a.server.id.is_empty() {
+            self.server_ids.insert(name.clone(), a.server.id.clone());
+        }
         let offset = asked.map_or(0, |(_, o)| o);
         let p = self.servers.entry(name.clone()).or_insert_with(Paging::new);
         if asked.is_none() {
@@ -559,6 +589,14 @@ impl Collector {
                 }
             }
             let Some(id) = c.device() else { continue };
+            self.connections
+                .entry(id.clone())
+                .or_default()
+                .insert(DeviceConnection {
+                    server: name.clone(),
+                    server_id: a.server.id.clone(),
+                    cid: c.cid,
+                });
             let since = c.start.as_deref().and_then(|s| Timestamp::parse(s).ok());
             let key = (since, c.cid);
             let newer = self
@@ -653,6 +691,8 @@ impl Collector {
         Presence {
             servers,
             online: self.online,
+            connections: self.connections,
+            server_ids: self.server_ids,
         }
     }
 }
@@ -681,6 +721,25 @@ mod tests {
 
     fn id(s: &str) -> DeviceId {
         DeviceId::parse(s).expect("id")
+    }
+
+    #[test]
+    fn every_connection_of_a_device_is_kept_with_its_server_id() {
+        let mut c = Collector::new(["n1".to_owned(), "n2".to_owned()]);
+        assert!(c.answer(None, &answer("n1", 2, 0, &[(5, "dev1"), (9, "dev2")])));
+        assert!(c.answer(None, &answer("n2", 1, 0, &[(3, "dev1")])));
+        let p = c.finish();
+        let conns: Vec<(String, String, u64)> = p.connections[&id("dev1")]
+            .iter()
+            .map(|c| (c.server.clone(), c.server_id.clone(), c.cid))
+            .collect();
+        assert_eq!(
+            conns,
+            [("n1".into(), "NX".into(), 5), ("n2".into(), "NX".into(), 3)]
+        );
+        assert_eq!(p.connections[&id("dev2")].len(), 1);
+        assert!(!p.connections.contains_key(&id("dev3")));
+        assert_eq!(p.server_ids["n2"], "NX");
     }
 
     #[test]

@@ -62,6 +62,19 @@ pub const PRESENCE_CONNZ: &str = "fleetpresence.CONNZ";
 /// The prefix under which [`SYS_DEVICES_EVENTS`] arrive in
 /// [`ACCOUNT_FLEET`]: `fleetpresence.$SYS.ACCOUNT.DEVICES.DISCONNECT`.
 pub const PRESENCE_EVENTS_PREFIX: &str = "fleetpresence";
+/// Every server's kick of one of its connections (body `{"cid": N}`;
+/// nats-server 2.10 and later), exported by the system account to
+/// [`ACCOUNT_FLEET`] in the callout layout: `fleetctl device revoke` and
+/// `decommission` close a device's live connections with it.
+pub const SYS_SERVER_KICK: &str = "$SYS.REQ.SERVER.*.KICK";
+/// [`SYS_SERVER_KICK`] as imported into [`ACCOUNT_FLEET`]: the wildcard is
+/// the server's id ([`presence_kick_subject`]).
+pub const PRESENCE_KICK: &str = "fleetpresence.KICK.*";
+
+/// The subject fleetctl kicks a connection of server `server_id` on.
+pub fn presence_kick_subject(server_id: &str) -> String {
+    format!("fleetpresence.KICK.{server_id}")
+}
 /// NATS account of the auth callout service (callout layout only).
 pub const ACCOUNT_AUTH: &str = "AUTH";
 /// The subject nats-server (2.10 and later) sends authorization requests to,

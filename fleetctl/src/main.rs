@@ -12,6 +12,7 @@
 //! | `rollout` | `rollout` and `upgrade -l` (every device at once) |
 //! | `staged` | staged rollouts: batches, threshold, budget, state in NATS |
 //! | `selector` | label selectors (Kubernetes syntax) |
+//! | `registry` | `device pending|registry|approve|reject|preauthorize|revoke|decommission`: the enrollment registry |
 //! | `labels` | `device label`, `device ls`, selecting devices |
 //! | `group` | `workload apply|rm|ls -l SELECTOR` |
 //! | `status` | `status`, `device status` |
@@ -33,6 +34,7 @@ mod metrics;
 mod nats_config;
 mod presence;
 mod recorder;
+mod registry;
 mod rollout;
 mod rollout_run;
 use fleet_common::selector;

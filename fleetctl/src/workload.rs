@@ -152,6 +152,41 @@ pub fn remove_spec(
     Ok(())
 }
 
+/// Empties `d`'s desired workloads: an empty document (by
+/// compare-and-set, so that the agent stops and removes every workload it
+/// runs through its reconciler, change freeze honoured) and, while
+/// `fleet-desired` exists, a deletion of each of its keys there (agent
+/// 0.1.0). Returns the document's revision.
+pub fn remove_all(conn: &nats::Connection, d: &DeviceId) -> Result<u64, CtlError> {
+    let rev = edit_document(conn, d, |doc| {
+        doc.workloads.clear();
+        Ok(())
+    })?;
+    if legacy_store(conn)?.is_some() {
+        let keys: Vec<String> = js::read_last(
+            conn,
+            BUCKET_DESIRED,
+            &fleet_common::subjects::device_filter(BUCKET_DESIRED, d),
+        )?
+        .into_iter()
+        .filter(|e| e.value.is_some())
+        .map(|e| e.key)
+        .collect();
+        for (key, o) in keys
+            .iter()
+            .zip(js::delete_all(conn, BUCKET_DESIRED, &keys)?)
+        {
+            if let js::CasOutcome::Failed(why) | js::CasOutcome::Conflict(why) = o {
+                return Err(CtlError::Nats {
+                    what: format!("deleting {BUCKET_DESIRED} {key} (for agents 0.1.0)"),
+                    detail: why,
+                });
+            }
+        }
+    }
+    Ok(rev)
+}
+
 /// Read-modify-write attempts of one document before giving up (each lost
 /// attempt means another operator wrote that device in between).
 const CAS_ATTEMPTS: usize = 5;

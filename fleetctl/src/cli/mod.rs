@@ -361,6 +361,47 @@ mod tests {
                 &["rollout", "undo", "r-1a2b"][..],
                 &["Undo { id: \"r-1a2b\" }"][..],
             ),
+            (
+                &["device", "pending", "--json"][..],
+                &["Pending { json: true }"][..],
+            ),
+            (
+                &["device", "registry", "-l", "state=approved"][..],
+                &["Registry", "state=approved", "json: false"][..],
+            ),
+            (
+                &["device", "approve", "dev-a", "dev-b"][..],
+                &[
+                    "Approve",
+                    "DeviceId(\"dev-a\"), DeviceId(\"dev-b\")",
+                    "id_only: false",
+                ][..],
+            ),
+            (
+                &["device", "approve", "-l", "arch=arm64"][..],
+                &["Approve", "devices: []", "arch=arm64"][..],
+            ),
+            (
+                &["device", "approve", "--id-only", "dev-a"][..],
+                &["id_only: true"][..],
+            ),
+            (
+                &["device", "reject", "dev-a", "--reason", "unknown serial"][..],
+                &["Reject", "Reason(\"unknown serial\")"][..],
+            ),
+            (
+                &["device", "preauthorize", "--file", "f.jsonl"][..],
+                &["Preauthorize { file: \"f.jsonl\" }"][..],
+            ),
+            (&["device", "revoke", "dev-a"][..], &["Revoke"][..]),
+            (
+                &["device", "decommission", "dev-a"][..],
+                &["Decommission", "wait: 120s", "force: false"][..],
+            ),
+            (
+                &["device", "decommission", "dev-a", "--force"][..],
+                &["force: true"][..],
+            ),
         ] {
             let got = p(a).unwrap_or_else(|e| panic!("{a:?}: {e}"));
             for h in has {
@@ -411,7 +452,22 @@ mod tests {
             (&["rollout", "undo", "R.1"][..], "\"R.1\" is not a rollout id"),
             (&["rollout", "status", "R.1"][..], "\"R.1\" is not a rollout id (as printed when it started, e.g. r-1a2b3c4d; fleetctl rollout ls)"),
             (&["status", "--group-by", "a b"][..], "\"a b\" is not a label key"),
-            (&["device", "pending", "--help"][..], "unrecognized subcommand 'pending'"),
+            (&["device", "enroll"][..], "unrecognized subcommand 'enroll'"),
+            (&["device", "approve"][..], "required arguments were not provided:\n  <DEVICE>..."),
+            (&["device", "approve", "dev-a", "-l", "arch=arm64"][..], "cannot be used with"),
+            (&["device", "approve", "--id-only", "-l", "arch=arm64"][..], "cannot be used with"),
+            (&["device", "approve", "dev.a"][..], "invalid device id \"dev.a\""),
+            (&["device", "reject"][..], "required arguments were not provided:\n  <DEVICE>..."),
+            (
+                &["device", "reject", "dev-a", "--reason", &"x".repeat(257)][..],
+                "the reason has 257 characters, more than the 256 a record keeps",
+            ),
+            (&["device", "reject", "dev-a", "--reason", "a\nb"][..], "control characters"),
+            (&["device", "preauthorize"][..], "required arguments were not provided:\n  --file <FILE>"),
+            (&["device", "revoke"][..], "required arguments were not provided:\n  <DEVICE>..."),
+            (&["device", "decommission", "dev-a", "--wait", "soon"][..], "give a duration such as 90s"),
+            (&["device", "decommission", "dev-a", "--wait", "1m", "--force"][..], "cannot be used with"),
+            (&["device", "decommission", "dev-a", "dev-b"][..], "unexpected argument 'dev-b' found"),
             (&["bogus", "--help"][..], "unrecognized subcommand 'bogus'"),
             (&["help"][..], "unrecognized subcommand 'help'"),
         ] {
