@@ -3,9 +3,8 @@
 //!
 //! Steps of [`ensure_enrolled`]: load `identity.nk` from the state
 //! directory, or generate a user nkey and write it there (mode 0600,
-//! durably: it never leaves the device); put its seed in the NATS config;
-//! if `enrolled.json` records this device and key, return. Otherwise, until
-//! approved: connect once with the key, the device id and the enrollment
+//! durably: it never leaves the device); put its seed in the NATS config.
+//! Then, at every start, until approved: connect once with the key, the device id and the enrollment
 //! token; send the enrollment request (id, key, facts) on the key's own
 //! subject and, beside it, a Direct Get of the device's own desired
 //! document; whichever answers decides. A Direct Get answer means the
@@ -14,6 +13,12 @@
 //! says `pending`, `approved`, `rejected`, `decommissioned` or `slow-down`.
 //! Between attempts the agent waits (5 s doubling to 5 min, at least what
 //! the answer asks), saying in its log and `STATUS=` what it waits for.
+//! With `enrolled.json` recording this device and key, an attempt that
+//! cannot reach the fleet is enough to go on (the start-up's own connection
+//! retries); an answer other than approved (a decommissioned, rejected or
+//! re-pending device) removes it. A decommissioned device thus learns it at
+//! its next start: its connection was closed, and the callout places its
+//! reconnects in `ENROLL`, where it sees nothing.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -96,16 +101,17 @@ pub fn ensure_enrolled(
     let key = identity.public_key().encode();
     *seed = Some(Secret::new(identity.encode()));
     let marker = state_dir.join(ENROLLED_FILE);
-    if let Some(m) = read_marker(&marker)? {
-        if m.device_id == *device && m.public_key == key {
-            log::info!(device = device.as_str(), key = key.as_str(); "enrolled as {device} (key {key})");
-            return Ok(());
+    let mut enrolled = match read_marker(&marker)? {
+        Some(m) if m.device_id == *device && m.public_key == key => true,
+        Some(_) => {
+            log::warn!(
+                "{} names another device or key; enrolling again",
+                marker.display()
+            );
+            false
         }
-        log::warn!(
-            "{} names another device or key; enrolling again",
-            marker.display()
-        );
-    }
+        None => false,
+    };
     let request = EnrollRequest {
         device_id: device.clone(),
         public_key: key.clone(),
@@ -118,40 +124,59 @@ pub fn ensure_enrolled(
         let outcome = ask(cfg, device, &key, &request);
         let (what, asked) = match &outcome {
             Asked::Approved { how } => {
-                let m = Enrolled {
-                    device_id: device.clone(),
-                    public_key: key.clone(),
-                    approved_at: Timestamp::now(),
-                };
-                write_marker(&marker, &m)?;
+                if !enrolled {
+                    let m = Enrolled {
+                        device_id: device.clone(),
+                        public_key: key.clone(),
+                        approved_at: Timestamp::now(),
+                    };
+                    write_marker(&marker, &m)?;
+                }
                 log::info!(device = device.as_str(), key = key.as_str(); "approved ({how}): connecting as {device}");
                 notify::status(&format!("approved as {device}; connecting"));
                 return Ok(());
             }
-            Asked::Answer(a) => (
-                match a.state {
-                    AnswerState::Pending => format!(
-                        "waiting for approval of {device} (key {key}): fleetctl device approve {device}"
-                    ),
-                    AnswerState::Rejected => format!(
-                        "enrollment of {device} refused: {}",
-                        a.reason.as_deref().unwrap_or("no reason given")
-                    ),
-                    AnswerState::Decommissioned => {
-                        remove_marker(&marker);
-                        format!("{device} was decommissioned: an operator must approve it again")
-                    }
-                    AnswerState::SlowDown => format!(
-                        "the enrollment service asks to wait: {}",
-                        a.reason.as_deref().unwrap_or("")
-                    ),
-                    // Returned as `Asked::Approved` by `ask_on`.
-                    AnswerState::Approved => String::from("approved"),
-                },
-                a.retry_after_secs.map(Duration::from_secs),
-            ),
+            // Enrolled before and the fleet not reachable now: the normal
+            // start-up retries its connection (a device must start with its
+            // workloads whatever the network does).
+            Asked::Failed(e) if enrolled => {
+                log::info!(device = device.as_str(), key = key.as_str(); "enrolled as {device} (key {key}); not checked now: {e}");
+                return Ok(());
+            }
+            Asked::Answer(a) => {
+                if a.state != AnswerState::SlowDown {
+                    enrolled = false;
+                }
+                (
+                    match a.state {
+                        AnswerState::Pending => format!(
+                            "waiting for approval of {device} (key {key}): fleetctl device approve {device}"
+                        ),
+                        AnswerState::Rejected => format!(
+                            "enrollment of {device} refused: {}",
+                            a.reason.as_deref().unwrap_or("no reason given")
+                        ),
+                        AnswerState::Decommissioned => {
+                            remove_marker(&marker);
+                            format!(
+                                "{device} was decommissioned: an operator must approve it again"
+                            )
+                        }
+                        AnswerState::SlowDown => format!(
+                            "the enrollment service asks to wait: {}",
+                            a.reason.as_deref().unwrap_or("")
+                        ),
+                        // Returned as `Asked::Approved` by `ask_on`.
+                        AnswerState::Approved => String::from("approved"),
+                    },
+                    a.retry_after_secs.map(Duration::from_secs),
+                )
+            }
             Asked::Failed(e) => (format!("cannot ask to join: {e}"), None),
         };
+        if !enrolled {
+            remove_marker(&marker);
+        }
         let pause = wait.max(asked.unwrap_or_default()).min(ENROLL_RETRY_MAX);
         log::warn!(device = device.as_str(), attempt = attempt; "{what}; asking again in {} s", pause.as_secs());
         notify::status(&what);

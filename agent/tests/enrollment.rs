@@ -4,10 +4,14 @@
 //!
 //! Checked: a new device makes its own key (0600), asks to join, waits
 //! saying so in its log and `STATUS=`, is approved, reconnects as itself and
-//! runs its workload, and restarts straight into the fleet; the auto-approve
-//! rule; a pending device reaches nothing but its own request and answer; a
-//! wrong token, a forged signature, another device's id and a revoked
-//! device are refused, and the conflict is kept for the operator.
+//! runs its workload, and restarts straight into the fleet; its candidate
+//! probe connects as it; `fleetctl device revoke` closes its live connection
+//! and its reconnects are refused while its workload keeps running; the
+//! auto-approve rule; `fleetctl device decommission` has the agent remove
+//! its workload, deletes its keys, and the device is told so at its next
+//! start; a pending device reaches nothing but its own request and answer;
+//! a wrong token, a forged signature, an unsafe id and another device's id
+//! are refused, and the conflict is kept for the operator.
 //! (nats-server 2.9 has no auth callout: enrollment needs 2.10 or later,
 //! `docs/design/enrollment.md`.)
 
@@ -66,19 +70,31 @@ impl Fleet {
         s
     }
 
+    /// `fleetctl ARGS` as the operator: exit code and output.
+    fn fleetctl(&self, args: &[&str]) -> (i32, String) {
+        let pw = self.dir.path().join("admin-password");
+        std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("pw");
+        let out = std::process::Command::new(fleet_harness::bin_path("fleetctl"))
+            .args(args)
+            .args(["--server", &self.nats.server.url(), "--password-file"])
+            .arg(&pw)
+            .output()
+            .expect("run fleetctl");
+        (
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
     fn record(&self, id: &str) -> Option<(DeviceRecord, u64)> {
         let kv = bucket(&self.nats.server.admin(), BUCKET_REGISTRY);
         let e = kv.entry(id).expect("registry read")?;
         let r = serde_json::from_slice(&e.value).ok()?;
         Some((r, e.revision))
-    }
-
-    fn set_state(&self, id: &str, state: RecordState) {
-        let (mut r, rev) = self.record(id).expect("record");
-        r.state = state;
-        let kv = bucket(&self.nats.server.admin(), BUCKET_REGISTRY);
-        kv.update(id, serde_json::to_vec(&r).expect("json"), rev)
-            .expect("registry write");
     }
 }
 
@@ -140,8 +156,16 @@ fn a_new_device_waits_for_approval_then_runs_its_workload() {
         "no workload before approval"
     );
 
+    // The operator sees it pending, with its key, and approves it.
+    let (code, pending) = fleet.fleetctl(&["device", "pending"]);
+    assert_eq!(code, 0, "{pending}");
+    assert!(
+        pending.contains("dev-e1") && pending.contains(&key[..12]),
+        "{pending}"
+    );
+    let (code, out) = fleet.fleetctl(&["device", "approve", "dev-e1"]);
+    assert_eq!(code, 0, "{out}");
     // Approved: it connects as itself and runs its workload.
-    fleet.set_state("dev-e1", RecordState::Approved);
     wait_running(&podman, "fleet-web", "web running", |_| true);
     fleet.nats.logged("authorized device dev-e1");
     poll_until("device info", CONVERGE, || {
@@ -161,7 +185,10 @@ fn a_new_device_waits_for_approval_then_runs_its_workload() {
     agent.signal(Signal::TERM);
     assert!(agent.wait_exit(Duration::from_secs(30)).success());
     let mut agent = dev.start(Some(&podman));
-    agent.wait_for_line("enrolled as dev-e1", WAIT * 5);
+    agent.wait_for_line(
+        "approved (connected as the device): connecting as dev-e1",
+        WAIT * 5,
+    );
     dev.wait_ready(&mut agent);
     assert_eq!(identity_key(&dev), key);
     // The candidate probe of an upgrade connects as the enrolled device.
@@ -172,8 +199,35 @@ fn a_new_device_waits_for_approval_then_runs_its_workload() {
     assert!(exit.success(), "probe: {exit}\n{}", probe.log());
     assert!(probe.log().contains("connected to"), "{}", probe.log());
 
-    // Revoked: the device is refused at its next connection.
-    fleet.set_state("dev-e1", RecordState::Revoked);
+    // Revoked: its live connection is closed at once and it is refused
+    // when it connects again; its workload keeps running.
+    let before = fleet
+        .nats
+        .callout
+        .log()
+        .matches("device dev-e1 is revoked")
+        .count();
+    let (code, out) = fleet.fleetctl(&["device", "revoke", "dev-e1"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("1 connection"), "{out}");
+    poll_until(
+        "the agent's reconnect refused",
+        Duration::from_secs(20),
+        || {
+            (fleet
+                .nats
+                .callout
+                .log()
+                .matches("device dev-e1 is revoked")
+                .count()
+                > before)
+                .then_some(())
+        },
+    );
+    assert!(
+        container(&podman, "fleet-web").is_some_and(|c| c.state == "running"),
+        "the workload keeps running"
+    );
     let seed = NkeySeed::parse_kind(
         std::fs::read_to_string(dev.path("var/lib/harmony-fleet/agent/identity.nk"))
             .expect("seed")
@@ -189,7 +243,7 @@ fn a_new_device_waits_for_approval_then_runs_its_workload() {
 }
 
 #[test]
-fn the_auto_approve_rule_admits_matching_devices_at_once() {
+fn auto_approve_admits_a_matching_device_and_decommission_removes_its_workload() {
     let podman = Podman::new();
     let arch = fleet_common::validate::Arch::current()
         .expect("arch")
@@ -210,6 +264,38 @@ fn the_auto_approve_rule_admits_matching_devices_at_once() {
     assert_eq!(
         record.decided_by.as_deref(),
         Some(format!("auto-approve arch={arch}").as_str())
+    );
+
+    // Decommissioned: the agent removes its workload through its
+    // reconciler, then the device is cut off and its keys deleted.
+    poll_until("the workloads report", CONVERGE, || {
+        status::<serde_json::Value>(&admin, "dev-e2", "workloads")
+    });
+    let (code, out) = fleet.fleetctl(&["device", "decommission", "dev-e2", "--wait", "90s"]);
+    assert_eq!(code, 0, "{out}\n{}", agent.log());
+    wait_gone(&podman, "fleet-web");
+    let (record, _) = fleet.record("dev-e2").expect("the record is kept");
+    assert_eq!(record.state, RecordState::Decommissioned);
+    poll_until("its status keys deleted", CONVERGE, || {
+        status::<serde_json::Value>(&admin, "dev-e2", "info")
+            .is_none()
+            .then_some(())
+    });
+    // At its next start it is told so, forgets its approval and waits; the
+    // auto-approve rule does not take it back.
+    agent.signal(Signal::TERM);
+    let _ = agent.wait_exit(Duration::from_secs(30));
+    let mut agent = dev.spawn(Some(&podman));
+    agent.wait_for_line(
+        "dev-e2 was decommissioned: an operator must approve it again",
+        WAIT * 5,
+    );
+    assert!(!dev
+        .path("var/lib/harmony-fleet/agent/enrolled.json")
+        .exists());
+    assert_eq!(
+        fleet.record("dev-e2").expect("record").0.state,
+        RecordState::Decommissioned
     );
     agent.signal(Signal::TERM);
     let _ = agent.wait_exit(Duration::from_secs(30));
