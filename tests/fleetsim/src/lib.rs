@@ -69,6 +69,37 @@ impl Generation {
     }
 }
 
+/// How the simulated devices authenticate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum SimAuth {
+    /// A static user each: `<id>` / `password(<id>)` in `DEVICES`.
+    #[default]
+    Password,
+    /// The agent's `enrollment` method through the auth callout
+    /// (agent/src/enroll.rs): the device's own user nkey ([`device_key`])
+    /// signing the server's nonce, its id as the user, `token` beside them.
+    /// A device first asks to join as the agent does (one connection, its
+    /// request on `fleetenroll.key.<KEY>`, the answer on its key's inbox;
+    /// pending, slow-down or no answer: ask again after 5 s doubling to
+    /// 5 min, at least what the answer asks) and, approved, connects as
+    /// itself with the same key. Not simulated: the agent's second probe
+    /// (the Direct Get beside its first request, which only a device
+    /// preauthorized before its first start needs).
+    Enrollment { token: String },
+}
+
+/// Simulated device `id`'s own user nkey, the same in every process (a
+/// bench can preauthorize it, or find its record).
+pub fn device_key(id: &str) -> nkeys::KeyPair {
+    use sha2::Digest;
+    let raw: [u8; 32] = sha2::Sha256::digest(format!("fleet-sim device key {id}")).into();
+    // A 32-byte seed is always a valid ed25519 key.
+    match nkeys::KeyPair::new_from_raw(nkeys::KeyPairType::User, raw) {
+        Ok(k) => k,
+        Err(_) => nkeys::KeyPair::new_user(),
+    }
+}
+
 /// What a simulation runs.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -78,6 +109,9 @@ pub struct SimConfig {
     /// Device ids; each logs in as `<id>` / `password(<id>)`.
     pub devices: Vec<String>,
     pub password: fn(&str) -> String,
+    /// How each device authenticates ([`SimAuth`]; `password` is used by
+    /// [`SimAuth::Password`] only).
+    pub auth: SimAuth,
     pub generation: Generation,
     /// When the heartbeat is written ([`StatusWrites`]).
     pub status: StatusWrites,
@@ -120,6 +154,7 @@ impl SimConfig {
             servers,
             devices,
             password,
+            auth: SimAuth::Password,
             generation,
             status: match generation {
                 Generation::One => StatusWrites::Every(fleet_common::limits::HEARTBEAT_INTERVAL),
@@ -196,6 +231,14 @@ pub struct DeviceRecord {
     pub last_error: Option<String>,
     /// The server index it is connected to now.
     pub server: Option<usize>,
+    /// Each connection the server accepted (enrollment ones included):
+    /// from opening the socket to the PONG after CONNECT, which with the
+    /// auth callout is the callout's decision plus two round trips.
+    pub handshakes: Vec<Duration>,
+    /// [`SimAuth::Enrollment`]: requests to join sent.
+    pub enroll_asks: u64,
+    /// [`SimAuth::Enrollment`]: when the enrollment answer said approved.
+    pub approved: Option<Instant>,
     /// With [`SimConfig::trace`]: `SUB <subject>`, `UNSUB <subject>`,
     /// `PUB <subject>` in the order sent.
     pub trace: Vec<String>,

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Clock;
-use crate::{DeviceRecord, Generation, Sim, SimConfig, StatusWrites};
+use crate::{DeviceRecord, Generation, Sim, SimAuth, SimConfig, StatusWrites};
 
 /// The worker binary's name (built beside the test binaries and the bench).
 pub const WORKER_BIN: &str = "fleet-sim-worker";
@@ -51,6 +51,8 @@ pub struct WorkerConfig {
     pub servers: Vec<SocketAddr>,
     pub devices: Vec<String>,
     pub generation: Generation,
+    #[serde(default)]
+    pub auth: SimAuth,
     pub status: StatusWrites,
     pub ping: Duration,
     pub idle_heartbeat: Duration,
@@ -70,6 +72,7 @@ impl WorkerConfig {
             first_index: cfg.first_index + range.start,
             devices: cfg.devices[range].to_vec(),
             generation: cfg.generation,
+            auth: cfg.auth.clone(),
             status: cfg.status,
             ping: cfg.ping,
             idle_heartbeat: cfg.idle_heartbeat,
@@ -87,6 +90,7 @@ impl WorkerConfig {
             servers: self.servers,
             devices: self.devices,
             password,
+            auth: self.auth,
             generation: self.generation,
             status: self.status,
             ping: self.ping,
@@ -119,6 +123,13 @@ pub struct WireRecord {
     pub server: Option<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trace: Vec<String>,
+    /// Nanoseconds each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub handshakes: Vec<u64>,
+    #[serde(default)]
+    pub enroll_asks: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved: Option<u64>,
 }
 
 impl WireRecord {
@@ -141,6 +152,13 @@ impl WireRecord {
             last_error: d.last_error.clone(),
             server: d.server,
             trace: d.trace.clone(),
+            handshakes: d
+                .handshakes
+                .iter()
+                .map(|h| u64::try_from(h.as_nanos()).unwrap_or(u64::MAX))
+                .collect(),
+            enroll_asks: d.enroll_asks,
+            approved: d.approved.map(|t| clock.to_ns(t)),
         }
     }
 
@@ -163,6 +181,13 @@ impl WireRecord {
             last_error: self.last_error,
             server: self.server,
             trace: self.trace,
+            handshakes: self
+                .handshakes
+                .into_iter()
+                .map(Duration::from_nanos)
+                .collect(),
+            enroll_asks: self.enroll_asks,
+            approved: self.approved.map(|t| clock.to_instant(t)),
         }
     }
 }

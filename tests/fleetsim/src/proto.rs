@@ -6,7 +6,10 @@
 /// One message from the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    Info,
+    /// `INFO`, with the nonce to sign when the server sent one.
+    Info {
+        nonce: Option<String>,
+    },
     Ping,
     Pong,
     Ok,
@@ -54,7 +57,12 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Op, usize)>, ProtoError> {
     let mut words = line.split_ascii_whitespace();
     let op = words.next().unwrap_or("").to_ascii_uppercase();
     match op.as_str() {
-        "INFO" => Ok(Some((Op::Info, after))),
+        "INFO" => {
+            let nonce = serde_json::from_str::<serde_json::Value>(line[4..].trim())
+                .ok()
+                .and_then(|v| v.get("nonce").and_then(|n| n.as_str()).map(str::to_owned));
+            Ok(Some((Op::Info { nonce }, after)))
+        }
         "PING" => Ok(Some((Op::Ping, after))),
         "PONG" => Ok(Some((Op::Pong, after))),
         "+OK" => Ok(Some((Op::Ok, after))),
@@ -134,6 +142,30 @@ pub fn connect(out: &mut Vec<u8>, user: &str, pass: &str, name: &str) {
     out.extend_from_slice(format!("CONNECT {c}\r\nPING\r\n").as_bytes());
 }
 
+/// `CONNECT` with a user nkey and its signature of the nonce (base64url,
+/// unpadded, as the `nats` crate sends it), the claimed `user` and a
+/// `token` beside them (the agent's patched crate, vendor/nats/PATCHED.md),
+/// otherwise as [`connect`]; then `PING`.
+pub fn connect_nkey(out: &mut Vec<u8>, user: &str, nkey: &str, sig: &str, token: &str, name: &str) {
+    let c = serde_json::json!({
+        "verbose": false,
+        "pedantic": false,
+        "nkey": nkey,
+        "sig": sig,
+        "user": user,
+        "auth_token": token,
+        "name": name,
+        "lang": "rust",
+        "version": "0.25.0",
+        "protocol": 1,
+        "echo": false,
+        "headers": true,
+        "no_responders": true,
+        "tls_required": false,
+    });
+    out.extend_from_slice(format!("CONNECT {c}\r\nPING\r\n").as_bytes());
+}
+
 pub fn sub(out: &mut Vec<u8>, subject: &str, sid: u64) {
     out.extend_from_slice(format!("SUB {subject} {sid}\r\n").as_bytes());
 }
@@ -166,9 +198,14 @@ mod tests {
 
     #[test]
     fn parses_ops_and_waits_for_whole_messages() {
-        let b = b"INFO {}\r\nPING\r\nMSG a.b 3 _INBOX.x 5\r\nhello\r\n";
+        let b = b"INFO {\"nonce\":\"n1\"}\r\nPING\r\nMSG a.b 3 _INBOX.x 5\r\nhello\r\n";
         let (op, n) = parse(b).expect("ok").expect("op");
-        assert_eq!(op, Op::Info);
+        assert_eq!(
+            op,
+            Op::Info {
+                nonce: Some("n1".into())
+            }
+        );
         let (op, m) = parse(&b[n..]).expect("ok").expect("op");
         assert_eq!(op, Op::Ping);
         let rest = &b[n + m..];

@@ -10,13 +10,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
+use fleet_common::contracts::{
+    AnswerState, EnrollAnswer, EnrollRequest, FACT_AGENT_VERSION, FACT_ARCH, FACT_MACHINE_ID,
+    FACT_OS,
+};
 use fleet_common::jetstream::{
     nanos, AckInfo, ConsumerCreateResponse, KeyTracker, KeyVersion, PubAckResponse, Verdict,
 };
 use fleet_common::subjects::{
     deliver_prefix, device_consumer_create_subject, device_direct_get_subject, device_filter,
-    inbox_prefix, kv_subject, republish_subject, status_key, stream_name, StatusKey,
-    BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_STATUS,
+    enroll_inbox_prefix, enroll_subject, inbox_prefix, kv_subject, republish_subject, status_key,
+    stream_name, StatusKey, BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_STATUS,
 };
 use fleet_common::validate::DeviceId;
 use rustix::buffer::spare_capacity;
@@ -25,7 +30,7 @@ use rustix::fd::OwnedFd;
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
 use crate::proto::{self, Msg, Op};
-use crate::{reconnect_delay, DeviceRecord, Generation, SimConfig, StatusWrites};
+use crate::{reconnect_delay, DeviceRecord, Generation, SimAuth, SimConfig, StatusWrites};
 
 /// Inactive threshold of a generation-1 consumer (agent: 30 s).
 const INACTIVE_THRESHOLD: Duration = Duration::from_secs(30);
@@ -39,6 +44,8 @@ const INFO_RETRY_DELAY: Duration = Duration::from_secs(2);
 /// Longest epoll wait, so a stop is seen.
 const MAX_WAIT: Duration = Duration::from_millis(50);
 const READ_CHUNK: usize = 16 * 1024;
+/// How long one enrollment attempt waits for its answer (agent/src/enroll.rs).
+const ENROLL_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum TimerKind {
@@ -52,6 +59,8 @@ enum TimerKind {
     ConsumerCheck(u8),
     Retry(u8),
     RetryInfo,
+    /// The enrollment request of this connection was not answered.
+    EnrollTimeout,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -140,6 +149,14 @@ struct Dev {
     /// The desired sequence last reported in `workloads` (the agent
     /// reports when what it holds changed, and after its first snapshot).
     reported: Option<u64>,
+    /// [`SimAuth::Enrollment`]: the device's own key, and whether it still
+    /// has to ask to join (then its connections are enrollment attempts).
+    key: Option<nkeys::KeyPair>,
+    enrolling: bool,
+    /// The pause after the next unsuccessful enrollment attempt.
+    enroll_wait: Duration,
+    /// When the current connection's socket was opened.
+    dialed: Instant,
 }
 
 /// The keys of each read: (bucket read by gen 1, gen-2 bucket, gen-2 key).
@@ -192,10 +209,12 @@ impl Loop {
                 .map_or(0, |d| d.as_nanos() as u64);
         let mut devs = Vec::with_capacity(cfg.devices.len());
         let mut timers = BinaryHeap::new();
+        let enrolling = matches!(cfg.auth, SimAuth::Enrollment { .. });
         for (i, id) in cfg.devices.iter().enumerate() {
             let id = DeviceId::parse(id)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
             let idx = u32::try_from(i).map_err(|_| io::Error::other("too many devices"))?;
+            let key = enrolling.then(|| crate::device_key(id.as_str()));
             devs.push(Dev {
                 id,
                 idx,
@@ -220,6 +239,10 @@ impl Loop {
                 last_in: now,
                 reads: Default::default(),
                 reported: None,
+                key,
+                enrolling,
+                enroll_wait: fleet_common::limits::ENROLL_RETRY_FIRST,
+                dialed: now,
             });
             let at = if cfg.start_rate == 0 {
                 now
@@ -347,6 +370,7 @@ impl Loop {
         })();
         match sock {
             Ok(s) => {
+                d.dialed = Instant::now();
                 d.sock = Some(s);
                 d.conn = Conn::Connecting;
                 d.want_out = true;
@@ -365,7 +389,9 @@ impl Loop {
         let n = self.cfg.servers.len();
         let gen1 = self.cfg.generation == Generation::One;
         let d = &mut self.devs[i];
-        let was_up = d.conn == Conn::Up;
+        // An enrollment connection is not the device's: its loss is a
+        // failed attempt, retried after the enrollment pause.
+        let was_up = d.conn == Conn::Up && !d.enrolling;
         d.sock = None;
         d.conn = Conn::Down;
         d.rbuf = Vec::new();
@@ -396,9 +422,31 @@ impl Loop {
             d.server = (d.server + 1) % n;
         }
         let r = d.rand();
-        let delay = reconnect_delay(d.attempts, r);
+        let delay = if d.enrolling {
+            let pause = d.enroll_wait;
+            d.enroll_wait = (pause * 2).min(fleet_common::limits::ENROLL_RETRY_MAX);
+            pause
+        } else {
+            reconnect_delay(d.attempts, r)
+        };
         let (idx, epoch) = (d.idx, d.epoch);
         self.timer(idx, delay, epoch, TimerKind::Connect);
+    }
+
+    /// Closes the connection on purpose (an enrollment attempt done) and
+    /// connects again after `after`.
+    fn end_connection(&mut self, i: usize, after: Duration, recs: &mut [DeviceRecord]) {
+        let d = &mut self.devs[i];
+        d.sock = None;
+        d.conn = Conn::Down;
+        d.rbuf = Vec::new();
+        d.wbuf = Vec::new();
+        d.want_out = false;
+        d.epoch += 1;
+        d.reqs.clear();
+        recs[i].server = None;
+        let (idx, epoch) = (d.idx, d.epoch);
+        self.timer(idx, after, epoch, TimerKind::Connect);
     }
 
     fn on_io(&mut self, i: usize, flags: epoll::EventFlags, recs: &mut [DeviceRecord]) {
@@ -627,13 +675,12 @@ impl Loop {
 
     fn on_op(&mut self, i: usize, op: Op, recs: &mut [DeviceRecord]) {
         match op {
-            Op::Info => {
+            Op::Info { nonce } => {
                 if self.devs[i].conn == Conn::WaitInfo {
-                    let pass = (self.cfg.password)(self.devs[i].id.as_str());
-                    let d = &mut self.devs[i];
-                    let name = format!("fleet-agent {}", d.id);
-                    proto::connect(&mut d.wbuf, d.id.as_str(), &pass, &name);
-                    d.conn = Conn::WaitPong;
+                    if let Err(why) = self.send_connect(i, nonce.as_deref()) {
+                        return self.lost(i, why, recs);
+                    }
+                    self.devs[i].conn = Conn::WaitPong;
                     self.mark(i);
                 }
             }
@@ -644,7 +691,12 @@ impl Loop {
             Op::Pong => {
                 if self.devs[i].conn == Conn::WaitPong {
                     self.devs[i].conn = Conn::Up;
-                    self.on_up(i, recs);
+                    recs[i].handshakes.push(self.devs[i].dialed.elapsed());
+                    if self.devs[i].enrolling {
+                        self.ask_to_join(i, recs);
+                    } else {
+                        self.on_up(i, recs);
+                    }
                 }
             }
             Op::Ok => {}
@@ -659,6 +711,111 @@ impl Loop {
             }
             Op::Msg(m) => self.on_msg(i, m, recs),
         }
+    }
+
+    /// The CONNECT of this device's authentication.
+    fn send_connect(&mut self, i: usize, nonce: Option<&str>) -> Result<(), String> {
+        let d = &mut self.devs[i];
+        match &self.cfg.auth {
+            SimAuth::Password => {
+                let pass = (self.cfg.password)(d.id.as_str());
+                let name = format!("fleet-agent {}", d.id);
+                proto::connect(&mut d.wbuf, d.id.as_str(), &pass, &name);
+            }
+            SimAuth::Enrollment { token } => {
+                let nonce = nonce.ok_or("the server sent no nonce to sign")?;
+                let key = d.key.as_ref().ok_or("no device key")?;
+                let sig = key
+                    .sign(nonce.as_bytes())
+                    .map_err(|e| format!("signing the nonce: {e}"))?;
+                let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sig);
+                let name = if d.enrolling {
+                    format!("fleet-agent {} (enrolling)", d.id)
+                } else {
+                    format!("fleet-agent {}", d.id)
+                };
+                let public = key.public_key();
+                proto::connect_nkey(&mut d.wbuf, d.id.as_str(), &public, &sig, token, &name);
+            }
+        }
+        Ok(())
+    }
+
+    /// An enrollment connection is up: the request to join on the key's
+    /// subject, the answer on the key's inbox.
+    fn ask_to_join(&mut self, i: usize, recs: &mut [DeviceRecord]) {
+        let d = &mut self.devs[i];
+        let Some(public) = d.key.as_ref().map(nkeys::KeyPair::public_key) else {
+            return;
+        };
+        let token = d.token();
+        let inbox = format!("{}{token}", enroll_inbox_prefix(&public));
+        proto::sub(&mut d.wbuf, &inbox, d.inbox_sid);
+        let facts = [
+            (FACT_ARCH, "x86_64".to_owned()),
+            (FACT_OS, "Debian GNU/Linux 12 (bookworm)".to_owned()),
+            (FACT_MACHINE_ID, format!("{:032x}", u128::from(d.idx) + 1)),
+            (FACT_AGENT_VERSION, env!("CARGO_PKG_VERSION").to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let request = EnrollRequest {
+            device_id: d.id.clone(),
+            public_key: public.clone(),
+            facts,
+        };
+        let body = serde_json::to_vec(&request).unwrap_or_default();
+        let subject = enroll_subject(&public);
+        proto::publish(&mut d.wbuf, &subject, Some(&inbox), &body);
+        recs[i].enroll_asks += 1;
+        let (idx, epoch) = (d.idx, d.epoch);
+        self.trace(i, "PUB", &subject, recs);
+        self.timer(idx, ENROLL_ANSWER_TIMEOUT, epoch, TimerKind::EnrollTimeout);
+        self.mark(i);
+    }
+
+    /// The answer to this connection's request to join.
+    fn on_enroll_answer(&mut self, i: usize, m: Msg, recs: &mut [DeviceRecord]) {
+        let answer = if m.status.as_deref() == Some("503") {
+            Err("no enrollment service answers".to_owned())
+        } else {
+            serde_json::from_slice::<EnrollAnswer>(&m.payload)
+                .map_err(|e| format!("unreadable enrollment answer: {e}"))
+        };
+        match answer {
+            Ok(a) if a.state == AnswerState::Approved => {
+                recs[i].approved = Some(Instant::now());
+                let d = &mut self.devs[i];
+                d.enrolling = false;
+                d.attempts = 0;
+                self.end_connection(i, Duration::ZERO, recs);
+            }
+            Ok(a) => {
+                recs[i].last_error = Some(format!(
+                    "enrollment: {:?}{}",
+                    a.state,
+                    a.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                ));
+                let asked = a.retry_after_secs.map(Duration::from_secs);
+                self.retry_enrollment(i, asked, recs);
+            }
+            Err(why) => {
+                recs[i].errors += 1;
+                recs[i].last_error = Some(why);
+                self.retry_enrollment(i, None, recs);
+            }
+        }
+    }
+
+    /// The agent's pause between enrollment attempts: 5 s doubling to
+    /// 5 min, at least what the answer asked.
+    fn retry_enrollment(&mut self, i: usize, asked: Option<Duration>, recs: &mut [DeviceRecord]) {
+        let d = &mut self.devs[i];
+        let max = fleet_common::limits::ENROLL_RETRY_MAX;
+        let pause = d.enroll_wait.max(asked.unwrap_or_default()).min(max);
+        d.enroll_wait = (d.enroll_wait * 2).min(max);
+        self.end_connection(i, pause, recs);
     }
 
     fn on_up(&mut self, i: usize, recs: &mut [DeviceRecord]) {
@@ -863,6 +1020,12 @@ impl Loop {
     }
 
     fn on_msg(&mut self, i: usize, m: Msg, recs: &mut [DeviceRecord]) {
+        if self.devs[i].enrolling {
+            if m.sid == self.devs[i].inbox_sid {
+                self.on_enroll_answer(i, m, recs);
+            }
+            return;
+        }
         if m.sid == self.devs[i].inbox_sid {
             return self.on_reply(i, m, recs);
         }
@@ -1183,6 +1346,16 @@ impl Loop {
                 }
             }
             TimerKind::Retry(read) => self.start_read(i, read as usize, recs),
+            TimerKind::EnrollTimeout => {
+                if self.devs[i].enrolling && self.devs[i].conn == Conn::Up {
+                    recs[i].errors += 1;
+                    recs[i].last_error = Some(format!(
+                        "enrollment: no answer within {} s",
+                        ENROLL_ANSWER_TIMEOUT.as_secs()
+                    ));
+                    self.retry_enrollment(i, None, recs);
+                }
+            }
             TimerKind::RetryInfo => {
                 if self.devs[i].conn == Conn::Up && !self.devs[i].info_acked {
                     self.publish_info(i, recs);

@@ -31,6 +31,14 @@ fn write_private(path: &Path, text: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 }
 
+fn spawn_callout(config: &Path) -> ChildGuard {
+    let mut cmd = Command::new(bin_path("fleet-auth-callout"));
+    cmd.arg("--config").arg(config).env("FLEET_LOG", "info");
+    let callout = ChildGuard::spawn(cmd, "fleet-auth-callout");
+    callout.wait_for_line("answering authorization requests", CALLOUT_WAIT);
+    callout
+}
+
 /// The server and the callout process; dropping it stops both.
 #[derive(Debug)]
 pub struct CalloutNats {
@@ -40,6 +48,8 @@ pub struct CalloutNats {
     pub issuer: PublicNkey,
     /// The leafnode listener, with [`start_hub`](Self::start_hub).
     leafnode_port: Option<u16>,
+    /// The callout's config, for [`start_callout`](Self::start_callout).
+    config_path: std::path::PathBuf,
     _dir: TempDir,
 }
 
@@ -116,19 +126,27 @@ impl CalloutNats {
         }
         let config_path = dir.path().join("auth-callout.json");
         std::fs::write(&config_path, config.to_string()).expect("write config");
-        let mut cmd = Command::new(bin_path("fleet-auth-callout"));
-        cmd.arg("--config")
-            .arg(&config_path)
-            .env("FLEET_LOG", "info");
-        let callout = ChildGuard::spawn(cmd, "fleet-auth-callout");
-        callout.wait_for_line("answering authorization requests", CALLOUT_WAIT);
+        let callout = spawn_callout(&config_path);
         CalloutNats {
             server,
             callout,
             issuer,
             leafnode_port,
+            config_path,
             _dir: dir,
         }
+    }
+
+    /// Another instance of the callout with the same config, answering
+    /// (the instances share the requests through a queue group); stopped
+    /// when the guard drops.
+    pub fn start_callout(&self) -> ChildGuard {
+        spawn_callout(&self.config_path)
+    }
+
+    /// The server's client address.
+    pub fn client_addr(&self) -> std::net::SocketAddr {
+        ([127, 0, 0, 1], self.server.port()).into()
     }
 
     /// Device `id` connecting with `token` as its NATS token (one

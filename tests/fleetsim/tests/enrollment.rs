@@ -1,0 +1,135 @@
+//! Simulated devices enrolling through the real auth callout and
+//! nats-server 2.14: each asks to join with its own key and the
+//! enrollment token, an auto-approve rule approves it, it connects as
+//! itself and reads its keys; a device the rule does not cover stays
+//! pending and reads nothing; the server restarted, every approved device
+//! is admitted again through the callout (its record checked anew).
+
+use std::time::Duration;
+
+use fleet_common::contracts::{DeviceRecord as RegistryRecord, RecordState};
+use fleet_common::subjects::BUCKET_REGISTRY;
+use fleet_harness::{admin_get, CalloutNats, Idp};
+use fleet_sim::{device_key, Generation, Sim, SimAuth, SimConfig};
+use serde_json::json;
+
+const TOKEN: &str = "batch-2026-token";
+const DEVICES: usize = 120;
+
+#[test]
+fn simulated_devices_enroll_by_the_rule_connect_as_themselves_and_come_back_after_a_restart() {
+    use std::os::unix::fs::PermissionsExt;
+    let idp = Idp::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("enrollment-token");
+    std::fs::write(&token, format!("{TOKEN}\n")).expect("write");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let mut nats = CalloutNats::start(
+        &idp,
+        json!({"enrollment": {"token_files": [token], "auto_approve": "arch=x86_64"}}),
+    );
+    let _second = nats.start_callout();
+
+    let ids: Vec<String> = (0..DEVICES).map(|i| format!("sim-enroll-{i:04}")).collect();
+    let mut cfg = SimConfig::new(
+        vec![nats.client_addr()],
+        ids.clone(),
+        fleet_harness::device_password,
+        Generation::Two,
+    );
+    cfg.auth = SimAuth::Enrollment {
+        token: TOKEN.to_owned(),
+    };
+    let sim = Sim::start(cfg).expect("sim");
+    let all_up = |recs: &[fleet_sim::DeviceRecord]| {
+        recs.iter()
+            .all(|r| r.approved.is_some() && !r.snapshots.is_empty())
+    };
+    assert!(
+        sim.wait_until(Duration::from_secs(90), all_up),
+        "not every device enrolled and read its keys: {:?}\n{}",
+        sim.records()
+            .iter()
+            .zip(&ids)
+            .filter(|(r, _)| r.snapshots.is_empty())
+            .map(|(r, id)| (id.clone(), r.last_error.clone(), r.enroll_asks))
+            .take(5)
+            .collect::<Vec<_>>(),
+        nats.logs()
+    );
+    {
+        let recs = sim.records();
+        // One request each (approved at once), then the device's own
+        // connection: two handshakes at least.
+        assert!(recs.iter().all(|r| r.enroll_asks == 1), "asked again");
+        assert!(recs.iter().all(|r| r.handshakes.len() >= 2));
+        assert!(recs.iter().all(|r| r.status_acked >= 1), "status written");
+    }
+    // The registry holds each device approved with its own key.
+    let admin = nats.server.admin();
+    for id in [&ids[0], &ids[DEVICES - 1]] {
+        let body = admin_get(&admin, BUCKET_REGISTRY, id).expect("record");
+        let rec: RegistryRecord = serde_json::from_slice(&body).expect("record json");
+        assert_eq!(rec.state, RecordState::Approved, "{id}");
+        assert_eq!(
+            rec.public_key.as_deref(),
+            Some(device_key(id).public_key().as_str())
+        );
+    }
+
+    // Every device admitted again after the server restarts: the callout
+    // checks each reconnect against the registry.
+    let before: Vec<usize> = sim.records().iter().map(|r| r.connects.len()).collect();
+    nats.server.restart();
+    assert!(
+        sim.wait_until(Duration::from_secs(90), |recs| recs
+            .iter()
+            .zip(&before)
+            .all(|(r, b)| r.connects.len() > *b && r.server.is_some())),
+        "not every device came back\n{}",
+        nats.logs()
+    );
+    sim.stop().expect("sim loop");
+}
+
+#[test]
+fn a_simulated_device_outside_the_rule_stays_pending_and_reads_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    let idp = Idp::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("enrollment-token");
+    std::fs::write(&token, format!("{TOKEN}\n")).expect("write");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let nats = CalloutNats::start(
+        &idp,
+        json!({"enrollment": {"token_files": [token], "auto_approve": "arch=riscv64"}}),
+    );
+    let ids = vec!["sim-lobby-1".to_owned()];
+    let mut cfg = SimConfig::new(
+        vec![nats.client_addr()],
+        ids.clone(),
+        fleet_harness::device_password,
+        Generation::Two,
+    );
+    cfg.auth = SimAuth::Enrollment {
+        token: TOKEN.to_owned(),
+    };
+    let sim = Sim::start(cfg).expect("sim");
+    assert!(
+        sim.wait_until(Duration::from_secs(30), |recs| recs[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("Pending"))),
+        "no pending answer: {:?}\n{}",
+        sim.records()[0].last_error,
+        nats.logs()
+    );
+    let admin = nats.server.admin();
+    let body = admin_get(&admin, BUCKET_REGISTRY, &ids[0]).expect("record");
+    let rec: RegistryRecord = serde_json::from_slice(&body).expect("record json");
+    assert_eq!(rec.state, RecordState::Pending);
+    let recs = sim.records();
+    assert!(recs[0].approved.is_none());
+    assert!(recs[0].connects.is_empty(), "connected as itself");
+    assert!(recs[0].snapshots.is_empty() && recs[0].status_puts == 0);
+}
