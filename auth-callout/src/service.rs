@@ -6,10 +6,20 @@
 //! first request retries); connect to NATS as the callout user (bounded by
 //! [`NATS_CONNECT_ATTEMPT_TIMEOUT`], reconnecting forever afterwards);
 //! queue-subscribe to the callout subject (several instances share the
-//! load); start [`WORKERS`] named worker threads that take requests from the
-//! one subscription, decide, answer and log; tell systemd READY=1. `run`
+//! load); start the intake thread and [`WORKERS`] named worker threads that
+//! take requests from it, decide, answer and log; tell systemd READY=1. `run`
 //! returns only when the NATS connection is closed for good, after joining
 //! the workers with a time limit.
+//!
+//! Overload (a reconnect storm faster than this instance answers) must not
+//! become collapse: an answer the server no longer waits for is work
+//! wasted, and a queue that only grows makes every answer late. The intake
+//! thread stamps each request as it arrives and holds at most
+//! [`INTAKE_CAPACITY`]; beyond that, and for a request a worker takes after
+//! [`CALLOUT_STALE_AFTER`], nothing is answered: the server refuses that
+//! client at its `authorization.timeout` and the client connects again
+//! after its backoff, while the requests this instance can answer in time
+//! are answered. The counts are logged every [`DROP_LOG_INTERVAL`].
 //!
 //! SIGTERM ends the process at once: the service holds no state worth a
 //! drain, and a client whose request was in flight is refused by the server
@@ -18,12 +28,12 @@
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use fleet_common::limits::NATS_CONNECT_ATTEMPT_TIMEOUT;
+use fleet_common::limits::{CALLOUT_STALE_AFTER, NATS_CONNECT_ATTEMPT_TIMEOUT};
 use fleet_common::subjects::AUTH_CALLOUT_SUBJECT;
 
 use fleet_common::contracts::AnswerState;
@@ -45,6 +55,10 @@ pub const QUEUE_GROUP: &str = "fleet-auth-callout";
 pub const WORKERS: usize = 4;
 /// Enrollment worker threads (each waits on the registry for a request).
 pub const ENROLL_WORKERS: usize = 2;
+/// Requests waiting for a worker, at most (a few seconds of answers).
+pub const INTAKE_CAPACITY: usize = 4096;
+/// How often the intake logs the requests it dropped, when it dropped any.
+const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// How often an idle worker checks whether the service is stopping.
 const WORKER_POLL: Duration = Duration::from_millis(500);
 /// Joining the workers once the connection is closed.
@@ -209,16 +223,34 @@ pub fn run(config: &Config) -> Result<(), ServiceError> {
     nc.flush().map_err(ServiceError::Subscribe)?;
 
     let (done_tx, done_rx) = mpsc::channel::<usize>();
-    let mut handles = Vec::with_capacity(WORKERS);
+    let mut handles = Vec::with_capacity(WORKERS + 1);
+    let (queue_tx, queue_rx) = mpsc::sync_channel::<(Instant, nats::Message)>(INTAKE_CAPACITY);
+    let queue = Arc::new(Mutex::new(queue_rx));
+    let stale = Arc::new(AtomicU64::new(0));
+    {
+        let stop = Arc::clone(&closed);
+        let stale = Arc::clone(&stale);
+        let intake = thread::Builder::new()
+            .name("auth-callout-intake".into())
+            .spawn(move || intake(&sub, &queue_tx, &stale, &stop));
+        match intake {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                closed.store(true, Ordering::SeqCst);
+                return Err(ServiceError::Spawn(e));
+            }
+        }
+    }
     for i in 0..WORKERS {
-        let sub = sub.clone();
+        let queue = Arc::clone(&queue);
         let callout = Arc::clone(&callout);
         let stop = Arc::clone(&closed);
+        let stale = Arc::clone(&stale);
         let done = done_tx.clone();
         let handle = thread::Builder::new()
             .name(format!("auth-callout-worker-{i}"))
             .spawn(move || {
-                work(&sub, &callout, &stop);
+                work(&queue, &callout, &stale, &stop);
                 let _ = done.send(i);
             });
         match handle {
@@ -236,12 +268,13 @@ pub fn run(config: &Config) -> Result<(), ServiceError> {
     );
     notify_ready();
 
-    // Block until a worker ends: only a closed connection ends one.
+    // Block until a worker ends: only a closed connection ends one (the
+    // intake ends, and the queue with it).
     let _ = done_rx.recv();
     closed.store(true, Ordering::SeqCst);
     let deadline = Instant::now() + WORKER_JOIN_TIMEOUT;
     let mut ended = 1;
-    while ended < handles.len() {
+    while ended < WORKERS {
         match done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(_) => ended += 1,
             Err(_) => {
@@ -296,18 +329,70 @@ fn connect(
 }
 
 /// One worker: take a request, decide, answer, log; until closed.
-fn work(sub: &nats::Subscription, callout: &Callout, closed: &AtomicBool) {
+/// The intake: each request stamped as it arrives and queued for the
+/// workers, or dropped when [`INTAKE_CAPACITY`] are already waiting; the
+/// drops (and the workers' stale ones) logged every [`DROP_LOG_INTERVAL`].
+/// Ends when the subscription does, which ends the workers.
+fn intake(
+    sub: &nats::Subscription,
+    queue: &mpsc::SyncSender<(Instant, nats::Message)>,
+    stale: &AtomicU64,
+    closed: &AtomicBool,
+) {
+    let mut full = 0u64;
+    let mut logged = Instant::now();
     while !closed.load(Ordering::SeqCst) {
-        let msg = match sub.next_timeout(WORKER_POLL) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::TimedOut => continue,
+        match sub.next_timeout(WORKER_POLL) {
+            Ok(m) => match queue.try_send((Instant::now(), m)) {
+                Ok(()) => {}
+                Err(mpsc::TrySendError::Full(_)) => full += 1,
+                Err(mpsc::TrySendError::Disconnected(_)) => return,
+            },
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
             Err(e) => {
                 if !closed.load(Ordering::SeqCst) {
                     log::error!("subscription ended: {e}");
                 }
                 return;
             }
+        }
+        if logged.elapsed() >= DROP_LOG_INTERVAL {
+            let late = stale.swap(0, Ordering::Relaxed);
+            if full + late > 0 {
+                log::warn!(
+                    queue_full = full, stale = late;
+                    "overloaded: {full} authorization requests dropped with {INTAKE_CAPACITY} waiting, {late} dropped after waiting over {} ms; those clients are refused by the server and connect again (run another instance to answer more)",
+                    CALLOUT_STALE_AFTER.as_millis()
+                );
+            }
+            full = 0;
+            logged = Instant::now();
+        }
+    }
+}
+
+/// One worker: take a request, answer it unless it waited longer than
+/// [`CALLOUT_STALE_AFTER`], log; until closed or the intake ends.
+fn work(
+    queue: &Mutex<mpsc::Receiver<(Instant, nats::Message)>>,
+    callout: &Callout,
+    stale: &AtomicU64,
+    closed: &AtomicBool,
+) {
+    while !closed.load(Ordering::SeqCst) {
+        let next = match queue.lock() {
+            Ok(q) => q.recv_timeout(WORKER_POLL),
+            Err(_) => return,
         };
+        let (arrived, msg) = match next {
+            Ok(m) => m,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        if arrived.elapsed() > CALLOUT_STALE_AFTER {
+            stale.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         answer(&msg, callout);
     }
 }

@@ -207,6 +207,12 @@ pub const IDP_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// connecting client waits for the callout's answer (a JWKS refetch may run
 /// meanwhile).
 pub const NATS_AUTH_CALLOUT_TIMEOUT: Duration = Duration::from_secs(5);
+/// An authorization request that waited this long in the callout's queue
+/// is dropped unanswered (auth-callout/src/service.rs): with the wait the
+/// server had before delivering it and the answer's own time, an answer
+/// would come too late for [`NATS_AUTH_CALLOUT_TIMEOUT`] in a storm, and
+/// answering it would make the fresh requests behind it late too.
+pub const CALLOUT_STALE_AFTER: Duration = Duration::from_millis(2500);
 
 /// A device's traffic budget: 5 MiB on the wire per 30 days
 /// (docs/operator/traffic.md), about 175 KiB a day. The metrics exporter
