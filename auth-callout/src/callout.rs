@@ -20,17 +20,25 @@
 //! approved record with that key gets the device's user in `DEVICES`, a
 //! revoked one nothing, and anything else with a valid enrollment token
 //! (`auth_token`) a user in `ENROLL` that may only ask to join. The bearer
-//! path may also require approval of the token's device.
+//! path may also require approval of the token's device: a device the
+//! registry does not know is refused and put in the lobby (a pending
+//! record by id, without a key, at most [`ENROLL_NEW_PENDING_PER_MINUTE`]
+//! new ones a minute per instance), where `fleetctl device pending` shows it
+//! and `fleetctl device approve` lets it in at its next reconnect. It gets
+//! no `ENROLL` user: those permissions are named after a key, and a bearer
+//! device has none.
 
 use std::fmt;
-use std::time::Instant;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
 use fleet_common::callout::{AuthRequestClaims, AuthResponseClaims, UserClaims};
-use fleet_common::contracts::RecordState;
-use fleet_common::limits::ENROLL_USER_LIFETIME_SECS;
+use fleet_common::contracts::{check_facts, DeviceRecord, RecordState, MAX_FACT_CHARS};
+use fleet_common::limits::{ENROLL_NEW_PENDING_PER_MINUTE, ENROLL_USER_LIFETIME_SECS};
 use fleet_common::nkey::{NkeyKind, PublicNkey};
+use fleet_common::time::Timestamp;
 use fleet_common::validate::DeviceId;
 
 use crate::registry::Registry;
@@ -55,6 +63,11 @@ pub enum Refusal {
         device: String,
         state: Option<RecordState>,
     },
+    /// An identity-provider device the registry does not approve.
+    AwaitingApproval {
+        device: DeviceId,
+        state: Option<RecordState>,
+    },
     /// Revoked by the operator.
     Revoked(DeviceId),
     /// The registry could not be read.
@@ -75,6 +88,11 @@ impl fmt::Display for Refusal {
             Self::NotApproved { device, state } => write!(
                 f,
                 "device {device} is not approved ({}) and gave no valid enrollment token",
+                state.map_or("no record", |s| s.as_str())
+            ),
+            Self::AwaitingApproval { device, state } => write!(
+                f,
+                "device {device} is not approved ({}): an operator approves it with `fleetctl device approve {device}`",
                 state.map_or("no record", |s| s.as_str())
             ),
             Self::Revoked(d) => write!(f, "device {d} is revoked"),
@@ -196,6 +214,9 @@ pub struct Callout {
     jwks: JwksCache,
     policy: BearerPolicy,
     enrollment: Option<(EnrollGate, Arc<dyn Registry>)>,
+    /// New lobby records of identity-provider devices this minute: (start
+    /// of the minute, how many).
+    lobby: Mutex<(Instant, u32)>,
 }
 
 impl fmt::Debug for Callout {
@@ -214,6 +235,7 @@ impl Callout {
             jwks,
             policy,
             enrollment: None,
+            lobby: Mutex::new((Instant::now(), 0)),
         }
     }
 
@@ -306,20 +328,41 @@ impl Callout {
         }
         let decision = self.decide_bearer(request, now_unix, now);
         match (&decision, &self.enrollment) {
-            (Decision::Authorized { device, .. }, Some((gate, registry)))
-                if gate.idp_requires_approval =>
-            {
-                match registry.read(device) {
-                    Ok(r) if r.record.as_ref().is_some_and(|r| r.admits_id()) => decision,
-                    Ok(r) => Decision::Refused(Refusal::NotApproved {
-                        device: device.to_string(),
+            (
+                Decision::Authorized {
+                    device, subject, ..
+                },
+                Some((gate, registry)),
+            ) if gate.idp_requires_approval => match registry.read(device) {
+                Ok(r) if r.record.as_ref().is_some_and(|r| r.admits_id()) => decision,
+                Ok(r) => {
+                    if r.record.is_none() && self.take_lobby_place(now) {
+                        knock(registry.as_ref(), device, subject.as_deref());
+                    }
+                    Decision::Refused(Refusal::AwaitingApproval {
+                        device: device.clone(),
                         state: r.record.map(|r| r.state),
-                    }),
-                    Err(e) => Decision::Refused(Refusal::Registry(e.to_string())),
+                    })
                 }
-            }
+                Err(e) => Decision::Refused(Refusal::Registry(e.to_string())),
+            },
             _ => decision,
         }
+    }
+
+    /// Whether another lobby record may be written this minute.
+    fn take_lobby_place(&self, now: Instant) -> bool {
+        let Ok(mut w) = self.lobby.lock() else {
+            return false;
+        };
+        if now.saturating_duration_since(w.0) >= Duration::from_secs(60) {
+            *w = (now, 0);
+        }
+        if w.1 >= ENROLL_NEW_PENDING_PER_MINUTE {
+            return false;
+        }
+        w.1 += 1;
+        true
     }
 
     /// An nkey CONNECT: the signed nonce, the claimed device, its record.
@@ -397,6 +440,45 @@ impl Callout {
         }
     }
 }
+
+/// Puts an identity-provider device the registry does not know in the
+/// lobby: a pending record by id, no key, the token's subject as its one
+/// fact. Created only if still absent; a failure is logged and changes
+/// nothing (the device is refused either way and asks again).
+fn knock(registry: &dyn Registry, device: &DeviceId, subject: Option<&str>) {
+    let mut facts = std::collections::BTreeMap::new();
+    if let Some(sub) = subject {
+        let sub: String = sub
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(MAX_FACT_CHARS)
+            .collect();
+        facts.insert(FACT_IDP_SUBJECT.to_owned(), sub);
+    }
+    if check_facts(&facts).is_err() {
+        facts.clear();
+    }
+    let record = DeviceRecord {
+        device_id: device.clone(),
+        state: RecordState::Pending,
+        public_key: None,
+        facts,
+        requested_at: Some(Timestamp::now()),
+        decided_at: None,
+        decided_by: None,
+        conflict: None,
+    };
+    match registry.write(&record, 0) {
+        Ok(_) => {
+            log::info!(device = device.as_str(); "identity-provider device {device} is waiting for approval: fleetctl device approve {device}")
+        }
+        Err(crate::registry::RegistryError::Moved) => {}
+        Err(e) => log::warn!(device = device.as_str(); "cannot record {device} as pending: {e}"),
+    }
+}
+
+/// The fact naming the identity-provider subject of a lobby record.
+pub const FACT_IDP_SUBJECT: &str = "idp-subject";
 
 /// Whether `sig` (base64url, as NATS clients send it) is `nkey`'s signature
 /// of the nonce the server sent.
@@ -679,18 +761,33 @@ mod tests {
             &json!({"alg": "RS256", "kid": "rsa-test-1"}),
             &claims("dev-b"),
         );
-        let (_, d) = ask(&c, json!({"auth_token": token}));
+        let (resp, d) = ask(&c, json!({"auth_token": token}));
         assert!(
-            matches!(d, Decision::Refused(Refusal::NotApproved { .. })),
+            matches!(d, Decision::Refused(Refusal::AwaitingApproval { .. })),
             "{d:?}"
         );
+        assert!(
+            resp["nats"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("fleetctl device approve dev-b")),
+            "{resp}"
+        );
+        // It waits in the lobby: pending by id, no key, its subject.
+        let dev_b = DeviceId::parse("dev-b").expect("id");
+        let lobby = reg.read(&dev_b).expect("read");
+        let waiting = lobby.record.clone().expect("a lobby record");
+        assert_eq!(waiting.state, RecordState::Pending);
+        assert_eq!(waiting.public_key, None);
+        assert!(waiting.facts.contains_key(FACT_IDP_SUBJECT), "{waiting:?}");
+        // Asking again writes nothing more.
+        let (_, d) = ask(&c, json!({"auth_token": token}));
+        assert!(matches!(d, Decision::Refused(_)), "{d:?}");
+        assert_eq!(reg.read(&dev_b).expect("read").revision, lobby.revision);
         let b = DeviceRecord {
-            device_id: DeviceId::parse("dev-b").expect("id"),
-            public_key: None,
             state: RecordState::Approved,
-            ..r.clone()
+            ..waiting
         };
-        reg.write(&b, 0).expect("approve by id");
+        reg.write(&b, lobby.revision).expect("approve by id");
         let (_, d) = ask(&c, json!({"auth_token": token}));
         assert!(matches!(d, Decision::Authorized { .. }), "{d:?}");
     }
