@@ -20,6 +20,9 @@
 //! - `scale-leaf` (only with `--only`): simulated devices on leaf nodes of
 //!   a 3-node hub ([`scale_leaf`]);
 //! - `metrics`: the Prometheus exporter over N seeded devices ([`metrics`]);
+//! - `enrollment`: N simulated devices enrolling at once through the auth
+//!   callout beside N static users: time to approved, memory per device,
+//!   the reconnect storm after a server kill ([`enrollment`]);
 //! - `traffic`: one idle device's bytes on the wire per 30 days, a desired
 //!   change, an upgrade, against the released 0.2.0 agent ([`traffic`]).
 //!
@@ -30,6 +33,7 @@
 mod agent;
 mod bins;
 mod cutover;
+mod enrollment;
 mod fleet;
 mod metrics;
 mod notify;
@@ -61,16 +65,17 @@ Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
                    [--scale-nats 2.14,2.9] [--scale-gen 1,2] [--docs-dir DIR]
                    [--scale-steady] [--scale-processes auto|P] [--traffic-secs N]
-                   [--scale-leaf-devices N] [--leaves K]
+                   [--scale-leaf-devices N] [--leaves K] [--enrollment N]
 
 Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic,
-          metrics
+          metrics, enrollment
           (default: all), and scale-leaf (only when named in --only: N
           generation-2 devices on K leaf nodes of a 3-node hub;
           --scale-leaf-devices 20000 --leaves 3, the devices over
           --scale-processes workers, auto: at least 2).
 Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
-          --rollout 10000 --metrics 100000 --cutover-runs 7 --scale 1000,10000
+          --rollout 10000 --metrics 100000 --enrollment 10000 --cutover-runs 7
+          --scale 1000,10000
           --scale-window-secs 30 --scale-nats 2.14 --scale-gen 1,2
           (--scale-gen 2 leaves out the baseline, generation 1, which cannot
           bring a fleet up past ~15,000 devices here) --traffic-secs 600
@@ -88,8 +93,17 @@ The whole table also goes to <target>/bench/last-run.md.
 ";
 
 /// Every section of a default run, in the order they run.
-const SECTIONS: [&str; 9] = [
-    "sizes", "device", "download", "fleet", "rollout", "cutover", "scale", "traffic", "metrics",
+const SECTIONS: [&str; 10] = [
+    "sizes",
+    "device",
+    "download",
+    "fleet",
+    "rollout",
+    "cutover",
+    "scale",
+    "traffic",
+    "metrics",
+    "enrollment",
 ];
 /// Sections run only when `--only` names them (after `scale`).
 const EXTRA_SECTIONS: [&str; 1] = ["scale-leaf"];
@@ -104,6 +118,8 @@ struct Args {
     rollout: usize,
     /// Devices of the metrics section.
     metrics: usize,
+    /// Devices of the enrollment section.
+    enrollment: usize,
     cutover_runs: usize,
     scale: Vec<usize>,
     scale_window: Duration,
@@ -137,6 +153,7 @@ impl Args {
             fleet: vec![100, 1000],
             rollout: 10_000,
             metrics: 100_000,
+            enrollment: 10_000,
             cutover_runs: 7,
             scale: vec![1_000, 10_000],
             scale_window: Duration::from_secs(30),
@@ -173,6 +190,7 @@ impl Args {
                 "--download-runs" => a.download_runs = number(value()?)?,
                 "--rollout" => a.rollout = number(value()?)?,
                 "--metrics" => a.metrics = number(value()?)?,
+                "--enrollment" => a.enrollment = number(value()?)?,
                 "--cutover-runs" => a.cutover_runs = number(value()?)?,
                 "--latency-runs" => a.latency_runs = number(value()?)?,
                 "--scale-nats" => {
@@ -497,6 +515,13 @@ fn run(args: &Args) -> (Results, SectionTimes) {
             table.push(row);
         }
         times.lap("metrics");
+    }
+    if args.has("enrollment") {
+        let table = section_table(&mut results, "enrollment");
+        for row in enrollment::enrollment_rows(args.enrollment) {
+            table.push(row);
+        }
+        times.lap("enrollment");
     }
     (results, times)
 }

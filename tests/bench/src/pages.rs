@@ -67,6 +67,10 @@ fn preamble(section: &str) -> (&'static str, &'static str) {
             "Bench: the metrics exporter",
             "`fleetctl metrics serve` over 100,000 seeded devices: its first complete view, a scrape, its memory (docs/operator/metrics.md).",
         ),
+        "enrollment" => (
+            "Bench: enrollment",
+            "N simulated devices enrolling at once through the auth callout under an auto-approve rule, beside N static users: time to approved, server memory per device, the reconnect storm after a server kill.",
+        ),
         _ => ("Bench", "A section of `make bench`."),
     }
 }

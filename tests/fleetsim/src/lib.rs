@@ -82,9 +82,10 @@ pub enum SimAuth {
     /// request on `fleetenroll.key.<KEY>`, the answer on its key's inbox;
     /// pending, slow-down or no answer: ask again after 5 s doubling to
     /// 5 min, at least what the answer asks) and, approved, connects as
-    /// itself with the same key. Not simulated: the agent's second probe
-    /// (the Direct Get beside its first request, which only a device
-    /// preauthorized before its first start needs).
+    /// itself with the same key. Beside each request, the agent's second
+    /// probe: a Direct Get of its own desired document, which answers only
+    /// when the callout placed the connection in `DEVICES` (approved, its
+    /// answer lost or never asked for).
     Enrollment { token: String },
 }
 

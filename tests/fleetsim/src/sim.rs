@@ -19,9 +19,10 @@ use fleet_common::jetstream::{
     nanos, AckInfo, ConsumerCreateResponse, KeyTracker, KeyVersion, PubAckResponse, Verdict,
 };
 use fleet_common::subjects::{
-    deliver_prefix, device_consumer_create_subject, device_direct_get_subject, device_filter,
-    enroll_inbox_prefix, enroll_subject, inbox_prefix, kv_subject, republish_subject, status_key,
-    stream_name, StatusKey, BUCKET_CONTROL, BUCKET_DESIRED, BUCKET_STATUS,
+    deliver_prefix, desired_doc_key, device_consumer_create_subject, device_direct_get_subject,
+    device_filter, enroll_inbox_prefix, enroll_subject, inbox_prefix, kv_subject,
+    republish_subject, status_key, stream_name, StatusKey, BUCKET_CONTROL, BUCKET_DESIRED,
+    BUCKET_STATUS, BUCKET_WORKLOADS,
 };
 use fleet_common::validate::DeviceId;
 use rustix::buffer::spare_capacity;
@@ -46,6 +47,9 @@ const MAX_WAIT: Duration = Duration::from_millis(50);
 const READ_CHUNK: usize = 16 * 1024;
 /// How long one enrollment attempt waits for its answer (agent/src/enroll.rs).
 const ENROLL_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The subscription of an enrollment attempt's second probe (a Direct Get
+/// of the device's own desired document, answered only in `DEVICES`).
+const PROBE_SID: u64 = u64::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum TimerKind {
@@ -701,6 +705,11 @@ impl Loop {
             }
             Op::Ok => {}
             Op::Err(e) => {
+                let denied = e.to_ascii_lowercase().contains("permissions violation");
+                if self.devs[i].enrolling && self.devs[i].conn == Conn::Up && denied {
+                    // One of an attempt's two probes is always refused.
+                    return;
+                }
                 recs[i].errors += 1;
                 recs[i].last_error = Some(format!("server: {e}"));
                 let fatal = self.devs[i].conn != Conn::Up
@@ -768,6 +777,14 @@ impl Loop {
         let body = serde_json::to_vec(&request).unwrap_or_default();
         let subject = enroll_subject(&public);
         proto::publish(&mut d.wbuf, &subject, Some(&inbox), &body);
+        // Beside it, as the agent does: the Direct Get only `DEVICES`
+        // answers (an approval whose answer was lost, a device approved
+        // before it asked). In `ENROLL` the server refuses both the
+        // subscription and the publish; in `DEVICES` the request above.
+        let probe_inbox = format!("{}{token}", inbox_prefix(&d.id));
+        proto::sub(&mut d.wbuf, &probe_inbox, PROBE_SID);
+        let get = device_direct_get_subject(BUCKET_WORKLOADS, &desired_doc_key(&d.id));
+        proto::publish(&mut d.wbuf, &get, Some(&probe_inbox), b"");
         recs[i].enroll_asks += 1;
         let (idx, epoch) = (d.idx, d.epoch);
         self.trace(i, "PUB", &subject, recs);
@@ -784,13 +801,7 @@ impl Loop {
                 .map_err(|e| format!("unreadable enrollment answer: {e}"))
         };
         match answer {
-            Ok(a) if a.state == AnswerState::Approved => {
-                recs[i].approved = Some(Instant::now());
-                let d = &mut self.devs[i];
-                d.enrolling = false;
-                d.attempts = 0;
-                self.end_connection(i, Duration::ZERO, recs);
-            }
+            Ok(a) if a.state == AnswerState::Approved => self.approved(i, recs),
             Ok(a) => {
                 recs[i].last_error = Some(format!(
                     "enrollment: {:?}{}",
@@ -806,6 +817,15 @@ impl Loop {
                 self.retry_enrollment(i, None, recs);
             }
         }
+    }
+
+    /// Approved: connect as itself at once.
+    fn approved(&mut self, i: usize, recs: &mut [DeviceRecord]) {
+        recs[i].approved = Some(Instant::now());
+        let d = &mut self.devs[i];
+        d.enrolling = false;
+        d.attempts = 0;
+        self.end_connection(i, Duration::ZERO, recs);
     }
 
     /// The agent's pause between enrollment attempts: 5 s doubling to
@@ -1023,6 +1043,9 @@ impl Loop {
         if self.devs[i].enrolling {
             if m.sid == self.devs[i].inbox_sid {
                 self.on_enroll_answer(i, m, recs);
+            } else if m.sid == PROBE_SID && m.status.as_deref() != Some("503") {
+                // Answered: this connection is the device's own.
+                self.approved(i, recs);
             }
             return;
         }

@@ -117,6 +117,14 @@ pub(crate) fn profile_dir() -> PathBuf {
                     return profile.to_path_buf();
                 }
             }
+            // A binary of the workspace itself (the bench, a simulator
+            // worker): the binaries of its own profile.
+            if deps
+                .parent()
+                .is_some_and(|t| t.join("CACHEDIR.TAG").is_file())
+            {
+                return deps.to_path_buf();
+            }
         }
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")

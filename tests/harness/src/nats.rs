@@ -440,6 +440,11 @@ impl NatsServer {
         self.spawn(i32::from(self.port));
     }
 
+    /// The running server's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(ChildGuard::pid)
+    }
+
     /// SIGKILL (no JetStream flush).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
