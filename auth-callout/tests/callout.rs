@@ -411,3 +411,58 @@ fn a_token_naming_a_key_twice_is_refused() {
     assert!(env.connect_token("dev1", &alg_twice).is_err());
     env.logged("bearer token header names the key \"alg\" twice");
 }
+
+/// With `bearer_requires_approval`, a device with a valid token that the
+/// registry does not know is refused and waits in the lobby (pending by
+/// id, its token's subject as a fact), where `fleetctl device pending`
+/// shows it; approved by id, it connects.
+#[test]
+fn an_unapproved_identity_provider_device_waits_in_the_lobby_until_approved() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Command;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("enrollment-token");
+    std::fs::write(&token_file, "lobby-test-token\n").expect("write");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let pw = dir.path().join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("write");
+    let env = Env::start(json!({"enrollment": {
+        "token_files": [token_file],
+        "bearer_requires_approval": true,
+    }}));
+    let fleetctl = |args: &[&str]| {
+        let out = Command::new(fleet_harness::bin_path("fleetctl"))
+            .args(args)
+            .args(["--server", &env.nats.server.url(), "--password-file"])
+            .arg(&pw)
+            .output()
+            .expect("run fleetctl");
+        (
+            out.status.code().expect("exit code"),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let token = rs256(&env.keys().rsa, RSA_KID, &claims("dev-idp", 600));
+    assert!(env.connect_token("dev-idp", &token).is_err(), "admitted");
+    let line = env.logged("refused: device dev-idp is not approved");
+    assert!(line.contains("fleetctl device approve dev-idp"), "{line}");
+    env.logged("dev-idp is waiting for approval");
+    let (code, out, err) = fleetctl(&["device", "pending"]);
+    assert_eq!(code, 0, "{err}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("dev-idp"))
+        .unwrap_or_else(|| panic!("not listed:\n{out}"));
+    assert!(
+        row.contains("pending") && row.contains("idp-subject=user-dev-idp"),
+        "{row}"
+    );
+    // Refused again: still one record, still pending.
+    assert!(env.connect_token("dev-idp", &token).is_err(), "admitted");
+    let (code, out, err) = fleetctl(&["device", "approve", "dev-idp"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let dev = env.device("dev-idp", &token);
+    let ack = dev.put_status("info", b"approved").expect("status");
+    assert!(ack.get("error").is_none(), "{ack}");
+}
