@@ -5,7 +5,7 @@
 //! token; `admin` and the callout's own user bypass the callout.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -17,7 +17,10 @@ use tempfile::TempDir;
 use crate::bin_path;
 use crate::idp::{Idp, IDP_AUDIENCE, IDP_ISSUER};
 use crate::isolation::DeviceClient;
-use crate::nats::{free_port, NatsServer, NatsVersion, LEAF_PASSWORD, NATS_ADMIN_PASSWORD};
+use crate::nats::{
+    free_port, CalloutLayout, ClusterOptions, NatsCluster, NatsServer, NatsVersion, LEAF_PASSWORD,
+    NATS_ADMIN_PASSWORD,
+};
 use crate::proc::ChildGuard;
 
 /// The callout's password in account `AUTH`.
@@ -49,7 +52,7 @@ pub struct CalloutNats {
     /// The leafnode listener, with [`start_hub`](Self::start_hub).
     leafnode_port: Option<u16>,
     /// The callout's config, for [`start_callout`](Self::start_callout).
-    config_path: std::path::PathBuf,
+    config_path: PathBuf,
     _dir: TempDir,
 }
 
@@ -78,16 +81,7 @@ impl CalloutNats {
     fn start_inner(idp: &Idp, extra: Value, leaves: bool) -> CalloutNats {
         let leafnode_port = leaves.then(free_port);
         let dir = tempfile::tempdir().expect("tempdir");
-        let seed = dir.path().join("issuer.nk");
-        let out = Command::new(bin_path("fleet-auth-callout"))
-            .arg("keygen")
-            .arg(&seed)
-            .output()
-            .expect("run keygen");
-        assert!(out.status.success(), "keygen: {out:?}");
-        let public = String::from_utf8(out.stdout).expect("utf8");
-        let issuer = PublicNkey::parse_kind(public.trim(), NkeyKind::Account).expect("account key");
-
+        let issuer = keygen(dir.path());
         let server = NatsServer::start_with_config(NatsVersion::V2_14, |port, store| {
             callout_server_config(&CalloutServerConfig {
                 listen: ([127, 0, 0, 1], port).into(),
@@ -96,11 +90,7 @@ impl CalloutNats {
                 admin_password: NATS_ADMIN_PASSWORD.to_owned(),
                 callout_password: CALLOUT_PASSWORD.to_owned(),
                 issuer: issuer.clone(),
-                nonce_key: fleet_common::nkey::NkeySeed::generate(
-                    fleet_common::nkey::NkeyKind::User,
-                )
-                .expect("user key")
-                .public_key(),
+                nonce_key: nonce_key(),
                 cluster: None,
                 leafnodes: leafnode_port.map(|p| LeafnodeListener {
                     listen: ([127, 0, 0, 1], p).into(),
@@ -109,23 +99,7 @@ impl CalloutNats {
                 protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
             })
         });
-
-        let password = dir.path().join("nats-password");
-        write_private(&password, &format!("{CALLOUT_PASSWORD}\n"));
-        let mut config = json!({
-            "issuer": IDP_ISSUER,
-            "audience": IDP_AUDIENCE,
-            "jwks_url": idp.jwks_url(),
-            "https_ca_file": idp.ca.ca_path(),
-            "nats_url": server.url(),
-            "nats_password_file": password,
-            "issuer_seed_file": seed,
-        });
-        for (k, v) in extra.as_object().expect("object") {
-            config[k] = v.clone();
-        }
-        let config_path = dir.path().join("auth-callout.json");
-        std::fs::write(&config_path, config.to_string()).expect("write config");
+        let config_path = write_config(dir.path(), idp, &server.url(), extra);
         let callout = spawn_callout(&config_path);
         CalloutNats {
             server,
@@ -196,5 +170,104 @@ impl CalloutNats {
             self.callout.log(),
             self.server.log()
         )
+    }
+}
+
+/// `fleet-auth-callout keygen` into `dir/issuer.nk`: the issuer's public key.
+fn keygen(dir: &Path) -> PublicNkey {
+    let out = Command::new(bin_path("fleet-auth-callout"))
+        .arg("keygen")
+        .arg(dir.join(ISSUER_SEED))
+        .output()
+        .expect("run keygen");
+    assert!(out.status.success(), "keygen: {out:?}");
+    let public = String::from_utf8(out.stdout).expect("utf8");
+    PublicNkey::parse_kind(public.trim(), NkeyKind::Account).expect("account key")
+}
+
+/// A user nkey nothing holds the seed of (the layout's nonce user).
+fn nonce_key() -> PublicNkey {
+    fleet_common::nkey::NkeySeed::generate(NkeyKind::User)
+        .expect("user key")
+        .public_key()
+}
+
+/// The callout's config in `dir` (issuer seed from [`keygen`]), talking
+/// to `nats_url` (comma-separated for a cluster), `extra` merged in.
+fn write_config(dir: &Path, idp: &Idp, nats_url: &str, extra: Value) -> PathBuf {
+    let password = dir.join("nats-password");
+    write_private(&password, &format!("{CALLOUT_PASSWORD}\n"));
+    let mut config = json!({
+        "issuer": IDP_ISSUER,
+        "audience": IDP_AUDIENCE,
+        "jwks_url": idp.jwks_url(),
+        "https_ca_file": idp.ca.ca_path(),
+        "nats_url": nats_url,
+        "nats_password_file": password,
+        "issuer_seed_file": dir.join(ISSUER_SEED),
+    });
+    for (k, v) in extra.as_object().expect("object") {
+        config[k] = v.clone();
+    }
+    let config_path = dir.join("auth-callout.json");
+    std::fs::write(&config_path, config.to_string()).expect("write config");
+    config_path
+}
+
+/// The issuer's seed in a callout's dir.
+const ISSUER_SEED: &str = "issuer.nk";
+
+/// A 3-node JetStream cluster (2.14) with the auth-callout layout and the
+/// buckets at R3, and `instances` callouts in one queue group, each given
+/// every node's URL; dropping it stops them all. A node loss moves that
+/// node's devices to the others, where the surviving callouts admit them.
+#[derive(Debug)]
+pub struct CalloutCluster {
+    pub cluster: NatsCluster,
+    /// The running callout instances.
+    pub callouts: Vec<ChildGuard>,
+    config_path: PathBuf,
+    _dir: TempDir,
+}
+
+impl CalloutCluster {
+    /// `options.callout` is filled in here; `extra` is merged into the
+    /// callouts' config as in [`CalloutNats::start`].
+    pub fn start(idp: &Idp, extra: Value, instances: usize, options: ClusterOptions) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let issuer = keygen(dir.path());
+        let options = ClusterOptions {
+            callout: Some(CalloutLayout {
+                issuer,
+                nonce_key: nonce_key(),
+                callout_password: CALLOUT_PASSWORD.to_owned(),
+            }),
+            ..options
+        };
+        let cluster = NatsCluster::start_fleet_with(NatsVersion::V2_14, &[], &options);
+        let config_path = write_config(dir.path(), idp, &cluster.urls().join(","), extra);
+        let callouts = (0..instances)
+            .map(|_| spawn_callout(&config_path))
+            .collect();
+        CalloutCluster {
+            cluster,
+            callouts,
+            config_path,
+            _dir: dir,
+        }
+    }
+
+    /// Another instance with the same config.
+    pub fn start_callout(&self) -> ChildGuard {
+        spawn_callout(&self.config_path)
+    }
+
+    /// Every callout's log and every node's, for a failure message.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for (i, c) in self.callouts.iter().enumerate() {
+            out.push_str(&format!("--- callout {i} log:\n{}\n", c.log()));
+        }
+        out
     }
 }

@@ -36,7 +36,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use builds::{device_deb, packages_dir, target_dir, workspace_version};
-pub use callout::{CalloutNats, CALLOUT_PASSWORD};
+pub use callout::{CalloutCluster, CalloutNats, CALLOUT_PASSWORD};
 pub use device::{
     device_root, test_agent_path, test_updater_path, DeviceRoot, RELEASED_AGENT_0_2_VERSION,
     RELEASED_AGENT_VERSION, UPGRADE_TEST_VERSION,
@@ -51,8 +51,8 @@ pub use idp::{
 pub use isolation::{admin_get, assert_device_isolation, DeviceClient};
 pub use leaf::NatsLeaf;
 pub use nats::{
-    device_password, fleet_server_config, without_presence, ClusterOptions, NatsCluster,
-    NatsServer, NatsVersion, LEAF_PASSWORD, NATS_ADMIN_PASSWORD,
+    device_password, fleet_server_config, without_presence, CalloutLayout, ClusterOptions,
+    NatsCluster, NatsServer, NatsVersion, LEAF_PASSWORD, NATS_ADMIN_PASSWORD,
 };
 pub use netns::NetNs;
 pub use podman::{Podman, BUSYBOX_IMAGE};

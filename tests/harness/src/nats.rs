@@ -17,9 +17,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fleet_common::nats_config::{
-    kv_stream_config, static_server_config, stream_create_subject, ClusterConfig, LeafnodeListener,
-    StaticServerConfig, ADMIN_USER, FLEET_BUCKETS,
+    callout_server_config, kv_stream_config, static_server_config, stream_create_subject,
+    CalloutServerConfig, ClusterConfig, LeafnodeListener, StaticServerConfig, ADMIN_USER,
+    FLEET_BUCKETS,
 };
+use fleet_common::nkey::PublicNkey;
 use fleet_common::subjects::stream_name;
 use fleet_common::validate::DeviceId;
 use rustix::process::Signal;
@@ -529,6 +531,21 @@ pub struct ClusterOptions {
     /// Each node listens for leaf nodes on loopback
     /// ([`NatsCluster::leafnode_hubs`], user passwords [`LEAF_PASSWORD`]).
     pub leafnodes: bool,
+    /// The auth-callout layout (`callout_server_config`, 2.10 and later)
+    /// instead of static users: devices are admitted by a
+    /// `fleet-auth-callout` ([`CalloutCluster`](crate::CalloutCluster)).
+    pub callout: Option<CalloutLayout>,
+}
+
+/// The keys and password of [`ClusterOptions::callout`].
+#[derive(Debug, Clone)]
+pub struct CalloutLayout {
+    /// The account nkey whose seed the callout signs with.
+    pub issuer: PublicNkey,
+    /// A user nkey nothing holds the seed of.
+    pub nonce_key: PublicNkey,
+    /// The callout's password in account `AUTH`.
+    pub callout_password: String,
 }
 
 /// The generated config of a node with [`ClusterOptions::listen_any`] and
@@ -622,23 +639,41 @@ impl NatsCluster {
                 if let Some(n) = options.max_connections {
                     extra.push_str(&format!("max_connections: {n}\n"));
                 }
-                let text = static_server_config(&StaticServerConfig {
-                    listen: SocketAddr::from(([127, 0, 0, 1], client[i])),
-                    server_name: Some(format!("n{i}")),
-                    store_dir: base.join(format!("n{i}")),
-                    admin_password: NATS_ADMIN_PASSWORD.to_owned(),
-                    devices: users.clone(),
-                    cluster: Some(ClusterConfig {
-                        name: "fleet-test".to_owned(),
-                        listen: routes[i],
-                        routes: routes.clone(),
-                    }),
-                    leafnodes: leaf.get(i).map(|p| LeafnodeListener {
-                        listen: SocketAddr::from(([127, 0, 0, 1], *p)),
-                        password: LEAF_PASSWORD.to_owned(),
-                    }),
-                    protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
+                let listen = SocketAddr::from(([127, 0, 0, 1], client[i]));
+                let cluster = Some(ClusterConfig {
+                    name: "fleet-test".to_owned(),
+                    listen: routes[i],
+                    routes: routes.clone(),
                 });
+                let leafnodes = leaf.get(i).map(|p| LeafnodeListener {
+                    listen: SocketAddr::from(([127, 0, 0, 1], *p)),
+                    password: LEAF_PASSWORD.to_owned(),
+                });
+                let protocols = fleet_common::subjects::DeviceProtocols::WithLegacy;
+                let text = match &options.callout {
+                    None => static_server_config(&StaticServerConfig {
+                        listen,
+                        server_name: Some(format!("n{i}")),
+                        store_dir: base.join(format!("n{i}")),
+                        admin_password: NATS_ADMIN_PASSWORD.to_owned(),
+                        devices: users.clone(),
+                        cluster,
+                        leafnodes,
+                        protocols,
+                    }),
+                    Some(c) => callout_server_config(&CalloutServerConfig {
+                        listen,
+                        server_name: Some(format!("n{i}")),
+                        store_dir: base.join(format!("n{i}")),
+                        admin_password: NATS_ADMIN_PASSWORD.to_owned(),
+                        callout_password: c.callout_password.clone(),
+                        issuer: c.issuer.clone(),
+                        nonce_key: c.nonce_key.clone(),
+                        cluster,
+                        leafnodes,
+                        protocols,
+                    }),
+                };
                 let text = adjust_config(&text, client[i], options);
                 write_file(&config, &(text + &extra));
                 let cmd = server_command(v, &["-c", &config.to_string_lossy()]);
