@@ -3,13 +3,15 @@
 //! enrollment token, an auto-approve rule approves it, it connects as
 //! itself and reads its keys; a device the rule does not cover stays
 //! pending and reads nothing; the server restarted, every approved device
-//! is admitted again through the callout (its record checked anew).
+//! is admitted again through the callout (its record checked anew); on a
+//! 3-node cluster with two callouts, a node killed together with one
+//! callout, every device on it is admitted again through the survivor.
 
 use std::time::Duration;
 
 use fleet_common::contracts::{DeviceRecord as RegistryRecord, RecordState};
 use fleet_common::subjects::BUCKET_REGISTRY;
-use fleet_harness::{admin_get, CalloutNats, Idp};
+use fleet_harness::{admin_get, CalloutCluster, CalloutNats, ClusterOptions, Idp};
 use fleet_sim::{device_key, Generation, Sim, SimAuth, SimConfig};
 use serde_json::json;
 
@@ -132,4 +134,87 @@ fn a_simulated_device_outside_the_rule_stays_pending_and_reads_nothing() {
     assert!(recs[0].approved.is_none());
     assert!(recs[0].connects.is_empty(), "connected as itself");
     assert!(recs[0].snapshots.is_empty() && recs[0].status_puts == 0);
+}
+
+#[test]
+fn on_a_cluster_devices_enroll_and_come_back_through_the_surviving_callout_after_a_node_kill() {
+    use std::os::unix::fs::PermissionsExt;
+    let idp = Idp::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("enrollment-token");
+    std::fs::write(&token, format!("{TOKEN}\n")).expect("write");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let mut fleet = CalloutCluster::start(
+        &idp,
+        json!({"enrollment": {"token_files": [token], "auto_approve": "arch=x86_64"}}),
+        2,
+        ClusterOptions::default(),
+    );
+    let ids: Vec<String> = (0..DEVICES)
+        .map(|i| format!("sim-cluster-{i:04}"))
+        .collect();
+    let mut cfg = SimConfig::new(
+        fleet.cluster.client_addrs(),
+        ids.clone(),
+        fleet_harness::device_password,
+        Generation::Two,
+    );
+    cfg.auth = SimAuth::Enrollment {
+        token: TOKEN.to_owned(),
+    };
+    let sim = Sim::start(cfg).expect("sim");
+    assert!(
+        sim.wait_until(Duration::from_secs(120), |recs| recs
+            .iter()
+            .all(|r| r.approved.is_some() && !r.snapshots.is_empty())),
+        "not every device enrolled on the cluster: {:?}\n{}",
+        sim.records()
+            .iter()
+            .zip(&ids)
+            .filter(|(r, _)| r.snapshots.is_empty())
+            .map(|(r, id)| (id.clone(), r.last_error.clone(), r.enroll_asks))
+            .take(5)
+            .collect::<Vec<_>>(),
+        fleet.logs()
+    );
+    let recs = sim.records();
+    let on_first: Vec<usize> = (0..DEVICES)
+        .filter(|i| recs[*i].server == Some(0))
+        .collect();
+    assert!(
+        on_first.len() >= DEVICES / 10,
+        "the devices did not spread over the nodes: {} on node 0",
+        on_first.len()
+    );
+    let before: Vec<usize> = recs.iter().map(|r| r.connects.len()).collect();
+    drop(recs);
+
+    // The node and one callout go at once: node 0's devices reconnect to
+    // the other two nodes, and only the surviving callout can admit them.
+    fleet.cluster.kill_node(0);
+    drop(fleet.callouts.remove(0));
+    assert!(
+        sim.wait_until(Duration::from_secs(120), |recs| on_first.iter().all(|i| {
+            let r = &recs[*i];
+            r.connects.len() > before[*i] && matches!(r.server, Some(s) if s != 0)
+        })),
+        "not every device of the killed node came back: {:?}\n{}",
+        on_first
+            .iter()
+            .map(|i| (&ids[*i], sim.records()[*i].last_error.clone()))
+            .filter(|(_, e)| e.is_some())
+            .take(5)
+            .collect::<Vec<_>>(),
+        fleet.logs()
+    );
+    // None enrolled again: each came back with its stored credential.
+    assert!(
+        sim.records().iter().all(|r| r.enroll_asks == 1),
+        "asked again"
+    );
+    let admin = fleet.cluster.admin();
+    let body = admin_get(&admin, BUCKET_REGISTRY, &ids[on_first[0]]).expect("record");
+    let rec: RegistryRecord = serde_json::from_slice(&body).expect("record json");
+    assert_eq!(rec.state, RecordState::Approved);
+    sim.stop().expect("sim loop");
 }
