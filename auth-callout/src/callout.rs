@@ -22,25 +22,26 @@
 //! (`auth_token`) a user in `ENROLL` that may only ask to join. The bearer
 //! path may also require approval of the token's device: a device the
 //! registry does not know is refused and put in the lobby (a pending
-//! record by id, without a key, at most [`ENROLL_NEW_PENDING_PER_MINUTE`]
+//! record by id, without a key, at most
+//! [`ENROLL_NEW_PENDING_PER_MINUTE`](fleet_common::limits::ENROLL_NEW_PENDING_PER_MINUTE)
 //! new ones a minute per instance), where `fleetctl device pending` shows it
 //! and `fleetctl device approve` lets it in at its next reconnect. It gets
 //! no `ENROLL` user: those permissions are named after a key, and a bearer
 //! device has none.
 
 use std::fmt;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use std::sync::Arc;
 
 use fleet_common::callout::{AuthRequestClaims, AuthResponseClaims, UserClaims};
 use fleet_common::contracts::{check_facts, DeviceRecord, RecordState, MAX_FACT_CHARS};
-use fleet_common::limits::{ENROLL_NEW_PENDING_PER_MINUTE, ENROLL_USER_LIFETIME_SECS};
+use fleet_common::limits::ENROLL_USER_LIFETIME_SECS;
 use fleet_common::nkey::{NkeyKind, PublicNkey};
 use fleet_common::time::Timestamp;
 use fleet_common::validate::DeviceId;
 
+use crate::enroll::PendingBudget;
 use crate::registry::Registry;
 
 use crate::jwks::JwksCache;
@@ -214,9 +215,8 @@ pub struct Callout {
     jwks: JwksCache,
     policy: BearerPolicy,
     enrollment: Option<(EnrollGate, Arc<dyn Registry>)>,
-    /// New lobby records of identity-provider devices this minute: (start
-    /// of the minute, how many).
-    lobby: Mutex<(Instant, u32)>,
+    /// New lobby records of identity-provider devices this minute.
+    lobby: PendingBudget,
 }
 
 impl fmt::Debug for Callout {
@@ -235,7 +235,7 @@ impl Callout {
             jwks,
             policy,
             enrollment: None,
-            lobby: Mutex::new((Instant::now(), 0)),
+            lobby: PendingBudget::new(),
         }
     }
 
@@ -336,7 +336,7 @@ impl Callout {
             ) if gate.idp_requires_approval => match registry.read(device) {
                 Ok(r) if r.record.as_ref().is_some_and(|r| r.admits_id()) => decision,
                 Ok(r) => {
-                    if r.record.is_none() && self.take_lobby_place(now) {
+                    if r.record.is_none() && self.lobby.take(now) {
                         knock(registry.as_ref(), device, subject.as_deref());
                     }
                     Decision::Refused(Refusal::AwaitingApproval {
@@ -348,21 +348,6 @@ impl Callout {
             },
             _ => decision,
         }
-    }
-
-    /// Whether another lobby record may be written this minute.
-    fn take_lobby_place(&self, now: Instant) -> bool {
-        let Ok(mut w) = self.lobby.lock() else {
-            return false;
-        };
-        if now.saturating_duration_since(w.0) >= Duration::from_secs(60) {
-            *w = (now, 0);
-        }
-        if w.1 >= ENROLL_NEW_PENDING_PER_MINUTE {
-            return false;
-        }
-        w.1 += 1;
-        true
     }
 
     /// An nkey CONNECT: the signed nonce, the claimed device, its record.

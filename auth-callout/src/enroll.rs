@@ -91,7 +91,7 @@ impl fmt::Display for Handled {
 pub struct Enrollment {
     auto_approve: Option<Selector>,
     last_request: Mutex<HashMap<String, Instant>>,
-    new_pending: Mutex<(Instant, u32)>,
+    new_pending: PendingBudget,
 }
 
 impl Enrollment {
@@ -99,7 +99,7 @@ impl Enrollment {
         Self {
             auto_approve,
             last_request: Mutex::new(HashMap::new()),
-            new_pending: Mutex::new((Instant::now(), 0)),
+            new_pending: PendingBudget::new(),
         }
     }
 
@@ -161,7 +161,7 @@ impl Enrollment {
                             }),
                             approved(),
                         )
-                    } else if self.take_new_pending(now) {
+                    } else if self.new_pending.take(now) {
                         (Some(new_record(request, at)), pending())
                     } else {
                         return Ok((slow_down(Duration::from_secs(60)), None));
@@ -258,10 +258,22 @@ impl Enrollment {
         seen.insert(key.to_owned(), now);
         true
     }
+}
+
+/// How many new pending records may still be written this minute
+/// ([`ENROLL_NEW_PENDING_PER_MINUTE`] a minute): the enrollment service's
+/// and the callout's lobby each hold one.
+#[derive(Debug)]
+pub struct PendingBudget(Mutex<(Instant, u32)>);
+
+impl PendingBudget {
+    pub fn new() -> Self {
+        Self(Mutex::new((Instant::now(), 0)))
+    }
 
     /// Whether another new pending record may be written this minute.
-    fn take_new_pending(&self, now: Instant) -> bool {
-        let Ok(mut w) = self.new_pending.lock() else {
+    pub fn take(&self, now: Instant) -> bool {
+        let Ok(mut w) = self.0.lock() else {
             return false;
         };
         if now.saturating_duration_since(w.0) >= Duration::from_secs(60) {
@@ -272,6 +284,12 @@ impl Enrollment {
         }
         w.1 += 1;
         true
+    }
+}
+
+impl Default for PendingBudget {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
