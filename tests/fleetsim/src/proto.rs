@@ -125,21 +125,7 @@ fn parse_headers(h: &[u8]) -> (Option<String>, Vec<(String, String)>) {
 /// `CONNECT` with user and password, headers and no-responders on, no
 /// echo (as the agent's `nats` client sends it), then `PING`.
 pub fn connect(out: &mut Vec<u8>, user: &str, pass: &str, name: &str) {
-    let c = serde_json::json!({
-        "verbose": false,
-        "pedantic": false,
-        "user": user,
-        "pass": pass,
-        "name": name,
-        "lang": "rust",
-        "version": "0.25.0",
-        "protocol": 1,
-        "echo": false,
-        "headers": true,
-        "no_responders": true,
-        "tls_required": false,
-    });
-    out.extend_from_slice(format!("CONNECT {c}\r\nPING\r\n").as_bytes());
+    connect_as(out, serde_json::json!({"user": user, "pass": pass}), name);
 }
 
 /// `CONNECT` with a user nkey and its signature of the nonce (base64url,
@@ -147,13 +133,19 @@ pub fn connect(out: &mut Vec<u8>, user: &str, pass: &str, name: &str) {
 /// `token` beside them (the agent's patched crate, vendor/nats/PATCHED.md),
 /// otherwise as [`connect`]; then `PING`.
 pub fn connect_nkey(out: &mut Vec<u8>, user: &str, nkey: &str, sig: &str, token: &str, name: &str) {
-    let c = serde_json::json!({
+    connect_as(
+        out,
+        serde_json::json!({"nkey": nkey, "sig": sig, "user": user, "auth_token": token}),
+        name,
+    );
+}
+
+/// `CONNECT` with the credential fields `creds` and the options every
+/// agent connection sends, then `PING`.
+fn connect_as(out: &mut Vec<u8>, mut creds: serde_json::Value, name: &str) {
+    let options = serde_json::json!({
         "verbose": false,
         "pedantic": false,
-        "nkey": nkey,
-        "sig": sig,
-        "user": user,
-        "auth_token": token,
         "name": name,
         "lang": "rust",
         "version": "0.25.0",
@@ -163,7 +155,10 @@ pub fn connect_nkey(out: &mut Vec<u8>, user: &str, nkey: &str, sig: &str, token:
         "no_responders": true,
         "tls_required": false,
     });
-    out.extend_from_slice(format!("CONNECT {c}\r\nPING\r\n").as_bytes());
+    if let (Some(c), serde_json::Value::Object(o)) = (creds.as_object_mut(), options) {
+        c.extend(o);
+    }
+    out.extend_from_slice(format!("CONNECT {creds}\r\nPING\r\n").as_bytes());
 }
 
 pub fn sub(out: &mut Vec<u8>, subject: &str, sid: u64) {

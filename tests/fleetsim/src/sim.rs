@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use fleet_common::contracts::{
     AnswerState, EnrollAnswer, EnrollRequest, FACT_AGENT_VERSION, FACT_ARCH, FACT_MACHINE_ID,
     FACT_OS,
@@ -186,6 +185,18 @@ impl Dev {
     fn jitter(&mut self, up_to: Duration) -> Duration {
         let ms = u64::try_from(up_to.as_millis()).unwrap_or(u64::MAX);
         Duration::from_millis(self.rand() % ms.saturating_add(1))
+    }
+
+    /// Closes the socket and forgets the connection's buffers and
+    /// requests; the new epoch voids its pending timers.
+    fn close(&mut self) {
+        self.sock = None;
+        self.conn = Conn::Down;
+        self.rbuf = Vec::new();
+        self.wbuf = Vec::new();
+        self.want_out = false;
+        self.epoch += 1;
+        self.reqs.clear();
     }
 }
 
@@ -396,13 +407,7 @@ impl Loop {
         // An enrollment connection is not the device's: its loss is a
         // failed attempt, retried after the enrollment pause.
         let was_up = d.conn == Conn::Up && !d.enrolling;
-        d.sock = None;
-        d.conn = Conn::Down;
-        d.rbuf = Vec::new();
-        d.wbuf = Vec::new();
-        d.want_out = false;
-        d.epoch += 1;
-        d.reqs.clear();
+        d.close();
         let r = &mut recs[i];
         r.server = None;
         if was_up {
@@ -441,13 +446,7 @@ impl Loop {
     /// connects again after `after`.
     fn end_connection(&mut self, i: usize, after: Duration, recs: &mut [DeviceRecord]) {
         let d = &mut self.devs[i];
-        d.sock = None;
-        d.conn = Conn::Down;
-        d.rbuf = Vec::new();
-        d.wbuf = Vec::new();
-        d.want_out = false;
-        d.epoch += 1;
-        d.reqs.clear();
+        d.close();
         recs[i].server = None;
         let (idx, epoch) = (d.idx, d.epoch);
         self.timer(idx, after, epoch, TimerKind::Connect);
@@ -737,7 +736,7 @@ impl Loop {
                 let sig = key
                     .sign(nonce.as_bytes())
                     .map_err(|e| format!("signing the nonce: {e}"))?;
-                let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sig);
+                let sig = fleet_common::b64::encode_url(&sig);
                 let name = if d.enrolling {
                     format!("fleet-agent {} (enrolling)", d.id)
                 } else {
