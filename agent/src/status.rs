@@ -50,6 +50,7 @@ use fleet_common::validate::{BoundedText, Version};
 use fleet_common::Timestamp;
 
 use crate::freeze::FreezeControl;
+use crate::jitter::Jitter;
 use crate::nats::{kv, Nats, PublishError};
 use crate::podman::Podman;
 use crate::threads;
@@ -76,26 +77,6 @@ pub fn publish_info(nats: &Nats, info: &DeviceInfo) -> Result<(), PublishError> 
         NATS_REQUEST_TIMEOUT,
     )
     .map(drop)
-}
-
-/// Jitter source: xorshift seeded from the OS (through a v4 UUID).
-#[derive(Debug)]
-struct Jitter(u64);
-
-impl Jitter {
-    fn new() -> Self {
-        let seed = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
-        Self(seed)
-    }
-
-    /// A duration uniformly in `0..=max`.
-    fn up_to(&mut self, max: Duration) -> Duration {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        let max_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
-        Duration::from_millis(self.0 % max_ms.saturating_add(1))
-    }
 }
 
 /// The delay to the next keep-alive: `interval` plus up to a tenth of it.
