@@ -11,8 +11,8 @@
 //! callout placed this connection in `DEVICES`: the key is approved (a
 //! device preauthorized at the factory never asks). An enrollment answer
 //! says `pending`, `approved`, `rejected`, `decommissioned` or `slow-down`.
-//! Between attempts the agent waits (5 s doubling to 5 min, at least what
-//! the answer asks), saying in its log and `STATUS=` what it waits for.
+//! Between attempts the agent waits (5 s doubling to 5 min, each ± a fifth,
+//! at least what the answer asks), saying in its log and `STATUS=` what it waits for.
 //! With `enrolled.json` recording this device and key, an attempt that
 //! cannot reach the fleet is enough to go on (the start-up's own connection
 //! retries); an answer other than approved (a decommissioned, rejected or
@@ -42,6 +42,7 @@ use fleet_common::time::Timestamp;
 use fleet_common::validate::{Arch, DeviceId};
 
 use crate::config::{NatsAuth, NatsConfig, Secret};
+use crate::jitter::Jitter;
 use crate::notify;
 use crate::shutdown::Shutdown;
 
@@ -118,6 +119,7 @@ pub fn ensure_enrolled(
         facts: facts(version),
     };
     let mut wait = ENROLL_RETRY_FIRST;
+    let mut jitter = Jitter::new();
     let mut attempt = 0u64;
     loop {
         attempt += 1;
@@ -177,7 +179,11 @@ pub fn ensure_enrolled(
         if !enrolled {
             remove_marker(&marker);
         }
-        let pause = wait.max(asked.unwrap_or_default()).min(ENROLL_RETRY_MAX);
+        // ± a fifth: a batch of devices refused together (a callout
+        // overloaded by their first burst) does not come back in step.
+        let pause = jitter
+            .around(wait)
+            .max(asked.unwrap_or_default().min(ENROLL_RETRY_MAX));
         log::warn!(device = device.as_str(), attempt = attempt; "{what}; asking again in {} s", pause.as_secs());
         notify::status(&what);
         if shutdown.sleep(pause) {

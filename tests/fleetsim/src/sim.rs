@@ -434,7 +434,7 @@ impl Loop {
         let delay = if d.enrolling {
             let pause = d.enroll_wait;
             d.enroll_wait = (pause * 2).min(fleet_common::limits::ENROLL_RETRY_MAX);
-            pause
+            pause - pause / 5 + d.jitter(pause * 2 / 5)
         } else {
             reconnect_delay(d.attempts, r)
         };
@@ -828,11 +828,13 @@ impl Loop {
     }
 
     /// The agent's pause between enrollment attempts: 5 s doubling to
-    /// 5 min, at least what the answer asked.
+    /// 5 min, each ± a fifth, at least what the answer asked.
     fn retry_enrollment(&mut self, i: usize, asked: Option<Duration>, recs: &mut [DeviceRecord]) {
         let d = &mut self.devs[i];
         let max = fleet_common::limits::ENROLL_RETRY_MAX;
-        let pause = d.enroll_wait.max(asked.unwrap_or_default()).min(max);
+        let wait = d.enroll_wait;
+        let pause =
+            (wait - wait / 5 + d.jitter(wait * 2 / 5)).max(asked.unwrap_or_default().min(max));
         d.enroll_wait = (d.enroll_wait * 2).min(max);
         self.end_connection(i, pause, recs);
     }
