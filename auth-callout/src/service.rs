@@ -52,9 +52,9 @@ use crate::registry::{NatsRegistry, Registry};
 pub const QUEUE_GROUP: &str = "fleet-auth-callout";
 /// Worker threads: a JWKS refetch holds one for up to the IdP request
 /// timeout while the others keep answering.
-pub const WORKERS: usize = 4;
+pub const WORKERS: usize = 8;
 /// Enrollment worker threads (each waits on the registry for a request).
-pub const ENROLL_WORKERS: usize = 2;
+pub const ENROLL_WORKERS: usize = 8;
 /// Requests waiting for a worker, at most (a few seconds of answers).
 pub const INTAKE_CAPACITY: usize = 4096;
 /// How often the intake logs the requests it dropped, when it dropped any.
