@@ -22,7 +22,8 @@
 //! - `metrics`: the Prometheus exporter over N seeded devices ([`metrics`]);
 //! - `enrollment`: N simulated devices enrolling at once through the auth
 //!   callout beside N static users: time to approved, memory per device,
-//!   the reconnect storm after a server kill ([`enrollment`]);
+//!   the reconnect storm after a node kill on a 3-node cluster
+//!   ([`enrollment`]);
 //! - `traffic`: one idle device's bytes on the wire per 30 days, a desired
 //!   change, an upgrade, against the released 0.2.0 agent ([`traffic`]).
 //!
