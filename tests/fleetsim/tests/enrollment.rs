@@ -18,31 +18,39 @@ use serde_json::json;
 const TOKEN: &str = "batch-2026-token";
 const DEVICES: usize = 120;
 
-#[test]
-fn simulated_devices_enroll_by_the_rule_connect_as_themselves_and_come_back_after_a_restart() {
+/// The callouts' config: the token file (written 0600 in `dir`) and the
+/// auto-approve `rule`.
+fn callout_config(dir: &std::path::Path, rule: &str) -> serde_json::Value {
     use std::os::unix::fs::PermissionsExt;
-    let idp = Idp::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let token = dir.path().join("enrollment-token");
+    let token = dir.join("enrollment-token");
     std::fs::write(&token, format!("{TOKEN}\n")).expect("write");
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let mut nats = CalloutNats::start(
-        &idp,
-        json!({"enrollment": {"token_files": [token], "auto_approve": "arch=x86_64"}}),
-    );
-    let _second = nats.start_callout();
+    json!({"enrollment": {"token_files": [token], "auto_approve": rule}})
+}
 
-    let ids: Vec<String> = (0..DEVICES).map(|i| format!("sim-enroll-{i:04}")).collect();
+/// Generation-2 devices `ids` enrolling with [`TOKEN`] on `servers`.
+fn enrolling_sim(servers: Vec<std::net::SocketAddr>, ids: &[String]) -> Sim {
     let mut cfg = SimConfig::new(
-        vec![nats.client_addr()],
-        ids.clone(),
+        servers,
+        ids.to_vec(),
         fleet_harness::device_password,
         Generation::Two,
     );
     cfg.auth = SimAuth::Enrollment {
         token: TOKEN.to_owned(),
     };
-    let sim = Sim::start(cfg).expect("sim");
+    Sim::start(cfg).expect("sim")
+}
+
+#[test]
+fn simulated_devices_enroll_by_the_rule_connect_as_themselves_and_come_back_after_a_restart() {
+    let idp = Idp::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut nats = CalloutNats::start(&idp, callout_config(dir.path(), "arch=x86_64"));
+    let _second = nats.start_callout();
+
+    let ids: Vec<String> = (0..DEVICES).map(|i| format!("sim-enroll-{i:04}")).collect();
+    let sim = enrolling_sim(vec![nats.client_addr()], &ids);
     let all_up = |recs: &[fleet_sim::DeviceRecord]| {
         recs.iter()
             .all(|r| r.approved.is_some() && !r.snapshots.is_empty())
@@ -96,27 +104,11 @@ fn simulated_devices_enroll_by_the_rule_connect_as_themselves_and_come_back_afte
 
 #[test]
 fn a_simulated_device_outside_the_rule_stays_pending_and_reads_nothing() {
-    use std::os::unix::fs::PermissionsExt;
     let idp = Idp::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let token = dir.path().join("enrollment-token");
-    std::fs::write(&token, format!("{TOKEN}\n")).expect("write");
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let nats = CalloutNats::start(
-        &idp,
-        json!({"enrollment": {"token_files": [token], "auto_approve": "arch=riscv64"}}),
-    );
+    let nats = CalloutNats::start(&idp, callout_config(dir.path(), "arch=riscv64"));
     let ids = vec!["sim-lobby-1".to_owned()];
-    let mut cfg = SimConfig::new(
-        vec![nats.client_addr()],
-        ids.clone(),
-        fleet_harness::device_password,
-        Generation::Two,
-    );
-    cfg.auth = SimAuth::Enrollment {
-        token: TOKEN.to_owned(),
-    };
-    let sim = Sim::start(cfg).expect("sim");
+    let sim = enrolling_sim(vec![nats.client_addr()], &ids);
     assert!(
         sim.wait_until(Duration::from_secs(30), |recs| recs[0]
             .last_error
@@ -138,31 +130,18 @@ fn a_simulated_device_outside_the_rule_stays_pending_and_reads_nothing() {
 
 #[test]
 fn on_a_cluster_devices_enroll_and_come_back_through_the_surviving_callout_after_a_node_kill() {
-    use std::os::unix::fs::PermissionsExt;
     let idp = Idp::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let token = dir.path().join("enrollment-token");
-    std::fs::write(&token, format!("{TOKEN}\n")).expect("write");
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let mut fleet = CalloutCluster::start(
         &idp,
-        json!({"enrollment": {"token_files": [token], "auto_approve": "arch=x86_64"}}),
+        callout_config(dir.path(), "arch=x86_64"),
         2,
         ClusterOptions::default(),
     );
     let ids: Vec<String> = (0..DEVICES)
         .map(|i| format!("sim-cluster-{i:04}"))
         .collect();
-    let mut cfg = SimConfig::new(
-        fleet.cluster.client_addrs(),
-        ids.clone(),
-        fleet_harness::device_password,
-        Generation::Two,
-    );
-    cfg.auth = SimAuth::Enrollment {
-        token: TOKEN.to_owned(),
-    };
-    let sim = Sim::start(cfg).expect("sim");
+    let sim = enrolling_sim(fleet.cluster.client_addrs(), &ids);
     assert!(
         sim.wait_until(Duration::from_secs(120), |recs| recs
             .iter()
