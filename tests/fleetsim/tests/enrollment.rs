@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use fleet_common::contracts::{DeviceRecord as RegistryRecord, RecordState};
 use fleet_common::subjects::BUCKET_REGISTRY;
-use fleet_harness::{admin_get, CalloutCluster, CalloutNats, ClusterOptions, Idp};
+use fleet_harness::{admin_get, poll_until, CalloutCluster, CalloutNats, ClusterOptions, Idp};
 use fleet_sim::{device_key, Generation, Sim, SimAuth, SimConfig};
 use serde_json::json;
 
@@ -26,6 +26,17 @@ fn callout_config(dir: &std::path::Path, rule: &str) -> serde_json::Value {
     std::fs::write(&token, format!("{TOKEN}\n")).expect("write");
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     json!({"enrollment": {"token_files": [token], "auto_approve": rule}})
+}
+
+/// The first few devices without their keys: id, last error, requests.
+fn behind(sim: &Sim, ids: &[String]) -> Vec<(String, Option<String>, u64)> {
+    sim.records()
+        .iter()
+        .zip(ids)
+        .filter(|(r, _)| r.snapshots.is_empty())
+        .map(|(r, id)| (id.clone(), r.last_error.clone(), r.enroll_asks))
+        .take(5)
+        .collect()
 }
 
 /// Generation-2 devices `ids` enrolling with [`TOKEN`] on `servers`.
@@ -58,13 +69,7 @@ fn simulated_devices_enroll_by_the_rule_connect_as_themselves_and_come_back_afte
     assert!(
         sim.wait_until(Duration::from_secs(90), all_up),
         "not every device enrolled and read its keys: {:?}\n{}",
-        sim.records()
-            .iter()
-            .zip(&ids)
-            .filter(|(r, _)| r.snapshots.is_empty())
-            .map(|(r, id)| (id.clone(), r.last_error.clone(), r.enroll_asks))
-            .take(5)
-            .collect::<Vec<_>>(),
+        behind(&sim, &ids),
         nats.logs()
     );
     {
@@ -147,13 +152,7 @@ fn on_a_cluster_devices_enroll_and_come_back_through_the_surviving_callout_after
             .iter()
             .all(|r| r.approved.is_some() && !r.snapshots.is_empty())),
         "not every device enrolled on the cluster: {:?}\n{}",
-        sim.records()
-            .iter()
-            .zip(&ids)
-            .filter(|(r, _)| r.snapshots.is_empty())
-            .map(|(r, id)| (id.clone(), r.last_error.clone(), r.enroll_asks))
-            .take(5)
-            .collect::<Vec<_>>(),
+        behind(&sim, &ids),
         fleet.logs()
     );
     let recs = sim.records();
@@ -192,7 +191,17 @@ fn on_a_cluster_devices_enroll_and_come_back_through_the_surviving_callout_after
         "asked again"
     );
     let admin = fleet.cluster.admin();
-    let body = admin_get(&admin, BUCKET_REGISTRY, &ids[on_first[0]]).expect("record");
+    // The bucket may still be electing a leader in place of node 0's.
+    let body = poll_until(
+        "the registry record after the node kill",
+        Duration::from_secs(30),
+        || {
+            let kv = nats::jetstream::new(admin.clone())
+                .key_value(BUCKET_REGISTRY)
+                .ok()?;
+            kv.get(&ids[on_first[0]]).ok()?
+        },
+    );
     let rec: RegistryRecord = serde_json::from_slice(&body).expect("record json");
     assert_eq!(rec.state, RecordState::Approved);
     sim.stop().expect("sim loop");
