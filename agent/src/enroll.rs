@@ -11,8 +11,9 @@
 //! callout placed this connection in `DEVICES`: the key is approved (a
 //! device preauthorized at the factory never asks). An enrollment answer
 //! says `pending`, `approved`, `rejected`, `decommissioned` or `slow-down`.
-//! Between attempts the agent waits (5 s doubling to 5 min, each ± a fifth,
-//! at least what the answer asks), saying in its log and `STATUS=` what it waits for.
+//! Between attempts the agent waits (5 s doubling to 5 min, each ± a
+//! fifth, at least what the answer asks), saying in its log and `STATUS=`
+//! what it waits for.
 //! With `enrolled.json` recording this device and key, an attempt that
 //! cannot reach the fleet is enough to go on (the start-up's own connection
 //! retries); an answer other than approved (a decommissioned, rejected or

@@ -262,7 +262,7 @@ impl CalloutCluster {
         spawn_callout(&self.config_path)
     }
 
-    /// Every callout's log and every node's, for a failure message.
+    /// Every running callout's log, for a failure message.
     pub fn logs(&self) -> String {
         let mut out = String::new();
         for (i, c) in self.callouts.iter().enumerate() {
