@@ -18,6 +18,14 @@ use serde_json::json;
 const TOKEN: &str = "batch-2026-token";
 const DEVICES: usize = 120;
 
+/// One test at a time: each runs servers, callouts and 120 devices, and
+/// side by side on a loaded machine an attempt can outwait its answer.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The callouts' config: the token file (written 0600 in `dir`) and the
 /// auto-approve `rule`.
 fn callout_config(dir: &std::path::Path, rule: &str) -> serde_json::Value {
@@ -55,6 +63,7 @@ fn enrolling_sim(servers: Vec<std::net::SocketAddr>, ids: &[String]) -> Sim {
 
 #[test]
 fn simulated_devices_enroll_by_the_rule_connect_as_themselves_and_come_back_after_a_restart() {
+    let _serial = serial();
     let idp = Idp::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut nats = CalloutNats::start(&idp, callout_config(dir.path(), "arch=x86_64"));
@@ -109,6 +118,7 @@ fn simulated_devices_enroll_by_the_rule_connect_as_themselves_and_come_back_afte
 
 #[test]
 fn a_simulated_device_outside_the_rule_stays_pending_and_reads_nothing() {
+    let _serial = serial();
     let idp = Idp::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let nats = CalloutNats::start(&idp, callout_config(dir.path(), "arch=riscv64"));
@@ -135,6 +145,7 @@ fn a_simulated_device_outside_the_rule_stays_pending_and_reads_nothing() {
 
 #[test]
 fn on_a_cluster_devices_enroll_and_come_back_through_the_surviving_callout_after_a_node_kill() {
+    let _serial = serial();
     let idp = Idp::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut fleet = CalloutCluster::start(
