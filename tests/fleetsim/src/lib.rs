@@ -105,7 +105,8 @@ pub fn device_key(id: &str) -> nkeys::KeyPair {
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     /// Client addresses of the servers (a device starts on
-    /// `servers[i % len]` and moves to the next one when it loses it).
+    /// `servers[i % len]` and, when it loses it, moves to another one
+    /// picked at random, as the agent's NATS client does).
     pub servers: Vec<SocketAddr>,
     /// Device ids; each logs in as `<id>` / `password(<id>)`.
     pub devices: Vec<String>,

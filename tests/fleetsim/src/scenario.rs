@@ -152,8 +152,9 @@ impl Fleet {
 
     /// Starts `devices` of `generation` on `servers` (any servers the
     /// devices log in to: a cluster's nodes, leaf nodes): device `i`
-    /// starts on `servers[i % len]` and moves to the next one when it
-    /// loses it; [`per_node`](Self::per_node) counts by index in `servers`.
+    /// starts on `servers[i % len]` and moves to another one at random
+    /// when it loses it; [`per_node`](Self::per_node) counts by index in
+    /// `servers`.
     pub fn start_on(
         servers: Vec<SocketAddr>,
         generation: Generation,

@@ -398,7 +398,7 @@ impl Loop {
     }
 
     /// The connection failed or closed: count it, schedule the next attempt
-    /// (the agent's backoff, next server).
+    /// (the agent's backoff, another server at random).
     fn lost(&mut self, i: usize, why: String, recs: &mut [DeviceRecord]) {
         let now = Instant::now();
         let n = self.cfg.servers.len();
@@ -428,7 +428,12 @@ impl Loop {
             }
         }
         if n > 1 {
-            d.server = (d.server + 1) % n;
+            // The agent's NATS client tries its servers in a random order
+            // (vendor/nats/src/connector.rs shuffles the list for every
+            // round), so a lost server's devices spread over all the
+            // others: any one but the server just lost.
+            let skip = 1 + usize::try_from(d.rand() % (n as u64 - 1)).unwrap_or(0);
+            d.server = (d.server + skip) % n;
         }
         let r = d.rand();
         let delay = if d.enrolling {

@@ -112,6 +112,24 @@ fn simulated_fleets_snapshot_fan_out_and_recover_from_a_node_kill() {
             r.errors
         );
     }
+    // A device picks its next server at random, as the agent's NATS client
+    // does: the killed node's devices spread over both survivors.
+    let mut after = vec![0; nodes];
+    for f in &fleets {
+        for (i, n) in f.per_node(nodes).into_iter().enumerate() {
+            after[i] += n;
+        }
+    }
+    assert_eq!(
+        after[victim], 0,
+        "devices per node after the kill: {after:?}"
+    );
+    for i in (0..nodes).filter(|i| *i != victim) {
+        assert!(
+            after[i] > per[i],
+            "n{i} took none of n{victim}'s devices: per node before {per:?}, after {after:?}"
+        );
+    }
     // And the survivors serve a new change to everyone.
     cluster.wait_for_leaders(Duration::from_secs(60));
     let admin = cluster.admin();
