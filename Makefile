@@ -41,7 +41,7 @@ export AR_aarch64_unknown_linux_musl := aarch64-linux-gnu-ar
 DESTDIR ?=
 PREFIX ?= /usr/local
 
-.PHONY: all help deps fresh-machine lint build test test-systemd test-unit test-integration test-e2e demo bench bench-profiles clean \
+.PHONY: all help deps fresh-machine lint build test test-systemd test-unit test-integration test-e2e demo bench bench-100k bench-profiles clean \
 	release release-device man device-packages deb rpm packages packages-for-test test-agents install install-files uninstall
 
 all: build
@@ -197,6 +197,11 @@ bench: deps man $(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_0_2_VERSION)
 	FLEET_AGENT_VERSION=$(BENCH_NEXT_VERSION) $(CARGO) build --release -p fleet-agent --target $(DEVICE_TRIPLE_amd64) --target-dir $(TARGET_DIR)/bench-next
 	OUT_DIR=$(TARGET_DIR)/bench/packages BIN_DIR=$(TARGET_DIR)/$(DEVICE_TRIPLE_amd64)/release scripts/package.sh deb device amd64
 	$(TARGET_DIR)/release/fleet-bench $(BENCH_ARGS)
+
+## bench-100k: the scale-leaf section at 100,000 simulated devices on 7 leaf nodes of the 3-node hub, GOMEMLIMIT 1800MiB on each of the 10 servers (~20 min, ~20 GiB of memory in all; not part of make bench), into docs/bench/scale-leaf.md.
+bench-100k: deps
+	$(CARGO) build --release --workspace --bins
+	GOMEMLIMIT=1800MiB $(TARGET_DIR)/release/fleet-bench --only scale-leaf --scale-leaf-devices 100000 --leaves 7 --scale-leaf-rate 1000
 
 ## bench-profiles: make bench, with the daemons also built at opt-level 3 (glibc; size baseline), reported beside.
 bench-profiles: deps

@@ -66,14 +66,16 @@ Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--cutover-runs N] [--scale N,...] [--scale-window-secs N]
                    [--scale-nats 2.14,2.9] [--scale-gen 1,2] [--docs-dir DIR]
                    [--scale-steady] [--scale-processes auto|P] [--traffic-secs N]
-                   [--scale-leaf-devices N] [--leaves K] [--enrollment N]
+                   [--scale-leaf-devices N] [--leaves K] [--scale-leaf-rate N]
+                   [--enrollment N]
 
 Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic,
           metrics, enrollment
           (default: all), and scale-leaf (only when named in --only: N
           generation-2 devices on K leaf nodes of a 3-node hub;
-          --scale-leaf-devices 20000 --leaves 3, the devices over
-          --scale-processes workers, auto: at least 2).
+          --scale-leaf-devices 20000 --leaves 3 --scale-leaf-rate 2000
+          (devices started a second), the devices over --scale-processes
+          workers, auto: at least 2).
 Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
           --rollout 10000 --metrics 100000 --enrollment 10000 --cutover-runs 7
           --scale 1000,10000
@@ -135,6 +137,8 @@ struct Args {
     scale_leaf_devices: usize,
     /// Leaf nodes of the scale-leaf section.
     leaves: usize,
+    /// Devices the scale-leaf section starts a second.
+    scale_leaf_rate: u32,
     /// The traffic section's idle window.
     traffic_window: Duration,
     /// Where the sections' pages are written.
@@ -165,6 +169,7 @@ impl Args {
             scale_processes: scale::Processes::Auto,
             scale_leaf_devices: 20_000,
             leaves: 3,
+            scale_leaf_rate: scale::START_RATE,
             docs_dir: fleet_harness::workspace_root().join("docs").join("bench"),
             given: given.clone(),
         };
@@ -220,6 +225,10 @@ impl Args {
                 "--scale-steady" => a.scale_steady = true,
                 "--scale-leaf-devices" => a.scale_leaf_devices = number(value()?)?,
                 "--leaves" => a.leaves = number(value()?)?,
+                "--scale-leaf-rate" => {
+                    a.scale_leaf_rate = u32::try_from(number(value()?)?)
+                        .map_err(|_| "--scale-leaf-rate: at most 4294967295 a second".to_owned())?
+                }
                 "--scale-processes" => {
                     a.scale_processes = match value()?.as_str() {
                         "auto" => scale::Processes::Auto,
@@ -496,6 +505,7 @@ fn run(args: &Args) -> (Results, SectionTimes) {
         for row in scale_leaf::leaf_rows(
             args.scale_leaf_devices,
             args.leaves,
+            args.scale_leaf_rate,
             args.scale_window,
             args.scale_processes,
         ) {
@@ -746,7 +756,10 @@ mod tests {
     fn the_leaf_scale_run_is_left_out_unless_named() {
         let a = parse(&[]).expect("valid");
         assert!(a.has("scale") && !a.has("scale-leaf"));
-        assert_eq!((a.scale_leaf_devices, a.leaves), (20_000, 3));
+        assert_eq!(
+            (a.scale_leaf_devices, a.leaves, a.scale_leaf_rate),
+            (20_000, 3, 2_000)
+        );
         let a = parse(&[
             "--only",
             "scale-leaf",
@@ -754,10 +767,15 @@ mod tests {
             "5000",
             "--leaves",
             "2",
+            "--scale-leaf-rate",
+            "500",
         ])
         .expect("valid");
         assert!(a.has("scale-leaf") && !a.has("scale"));
-        assert_eq!((a.scale_leaf_devices, a.leaves), (5_000, 2));
+        assert_eq!(
+            (a.scale_leaf_devices, a.leaves, a.scale_leaf_rate),
+            (5_000, 2, 500)
+        );
     }
 
     #[test]

@@ -55,9 +55,10 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lame-duck mode of each node in the rolling restart: `lame_duck_duration`
 /// (the server's minimum; its default is 2 min, which only spreads the
 /// reconnects thinner) and `lame_duck_grace_period` (the default).
-const LAME_DUCK: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(10));
+pub(crate) const LAME_DUCK: (Duration, Duration) =
+    (Duration::from_secs(30), Duration::from_secs(10));
 /// Bound on each node's lame-duck exit, restart and catch-up.
-const NODE_RESTART_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const NODE_RESTART_TIMEOUT: Duration = Duration::from_secs(120);
 /// At most this many simulated devices in one process under
 /// [`Processes::Auto`] (the hard open-file limit here is 20,000 a process).
 pub const DEVICES_PER_PROCESS: usize = 18_000;
@@ -148,11 +149,11 @@ struct Measured {
 
 /// One timed fleetctl command against the fleet and what it showed.
 #[derive(Debug, Clone, Default)]
-struct FleetctlRun {
-    took: Duration,
+pub(crate) struct FleetctlRun {
+    pub(crate) took: Duration,
     /// What was checked in its output, for the note.
-    summary: String,
-    ok: bool,
+    pub(crate) summary: String,
+    pub(crate) ok: bool,
 }
 
 impl Measured {
@@ -539,7 +540,7 @@ pub(crate) fn node_live(cluster: &NatsCluster, i: usize) -> u64 {
 
 /// The release `fleetctl status --json` and `fleetctl rollout` against
 /// every node of `cluster`, with `n` devices live.
-fn fleetctl_runs(cluster: &NatsCluster, n: usize) -> (FleetctlRun, FleetctlRun) {
+pub(crate) fn fleetctl_runs(cluster: &NatsCluster, n: usize) -> (FleetctlRun, FleetctlRun) {
     let dir = tempfile::Builder::new()
         .prefix("fleet-bench-scale-")
         .tempdir()

@@ -15,6 +15,9 @@
 //! the other leaves); then `kill -9` of the hub node with the most leaf
 //! connections (the leaves relink to the other nodes; a device should
 //! not lose sync) and a fan-out once every bucket has a leader again.
+//! Before the kills, the release `fleetctl status --json` and `fleetctl
+//! rollout` over the live fleet, timed; after them, with the killed leaf
+//! and node back, a rolling restart of every leaf in lame-duck mode.
 
 use std::time::{Duration, Instant};
 
@@ -25,9 +28,9 @@ use fleet_sim::Generation;
 use crate::procfs;
 use crate::report::{Row, Verdict};
 use crate::scale::{
-    api_total, cpu_list, gomemlimit_note, http_json, kib, mib_list, node_live, node_rss,
-    recovery_cell, short, thousands, Processes, DEVICES_PER_PROCESS, FAN_OUT_TIMEOUT,
-    RECOVERY_TIMEOUT, SETTLE, SNAPSHOT_TIMEOUT, START_RATE,
+    api_total, cpu_list, fleetctl_runs, gomemlimit_note, http_json, kib, mib_list, node_live,
+    node_rss, recovery_cell, short, thousands, FleetctlRun, Processes, DEVICES_PER_PROCESS,
+    FAN_OUT_TIMEOUT, LAME_DUCK, NODE_RESTART_TIMEOUT, RECOVERY_TIMEOUT, SETTLE, SNAPSHOT_TIMEOUT,
 };
 
 /// Bound on the buckets' new leaders after the hub node's kill.
@@ -76,11 +79,24 @@ struct Measured {
     node_errors: u64,
     node_fan_out: Option<FanOut>,
     node_failure: Option<String>,
+    status: Option<FleetctlRun>,
+    rollout: Option<FleetctlRun>,
+    /// The rolling lame-duck restart of the leaves, after the killed leaf
+    /// and hub node were started again.
+    rolling: Recovery,
+    rolling_took: Duration,
+    rolling_failure: Option<String>,
     failure: Option<String>,
 }
 
 /// The rows of one run of `n` devices on `leaves` leaves.
-pub fn leaf_rows(n: usize, leaves: usize, window: Duration, processes: Processes) -> Vec<Row> {
+pub fn leaf_rows(
+    n: usize,
+    leaves: usize,
+    rate: u32,
+    window: Duration,
+    processes: Processes,
+) -> Vec<Row> {
     let label = format!("scale-leaf {} on {leaves} leaves", thousands(n));
     if leaves < 2 {
         return vec![Row::todo(
@@ -114,8 +130,8 @@ pub fn leaf_rows(n: usize, leaves: usize, window: Duration, processes: Processes
             &format!("open-file limit {nofile} (could not raise it to {want})"),
         )];
     }
-    let m = measure(n, leaves, p, window);
-    rows(&label, n, leaves, p, window, &m)
+    let m = measure(n, leaves, rate, p, window);
+    rows(&label, n, leaves, rate, p, window, &m)
 }
 
 /// The devices the busiest surviving leaf may hold after a leaf's kill:
@@ -127,14 +143,17 @@ fn busiest_after_leaf_kill(n: usize, leaves: usize) -> usize {
     (share + taken) * 11 / 10
 }
 
-fn measure(n: usize, k: usize, processes: usize, window: Duration) -> Measured {
+fn measure(n: usize, k: usize, rate: u32, processes: usize, window: Duration) -> Measured {
     eprintln!("bench: scale-leaf {n} devices, {k} leaves, {processes} simulator processes");
     let v = NatsVersion::V2_14;
     let ids = device_ids(Generation::Two, n);
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    // The devices log in at the leaves, which check their users; the hub
+    // sees only the leaves' links, so it carries no device users (each
+    // costs a node ~14 KiB before anything connects: docs/bench/scale.md).
     let mut cluster = NatsCluster::start_fleet_with(
         v,
-        &refs,
+        &[],
         &ClusterOptions {
             monitoring: true,
             max_connections: Some(n + 10_000),
@@ -145,7 +164,7 @@ fn measure(n: usize, k: usize, processes: usize, window: Duration) -> Measured {
     );
     let hubs = cluster.leafnode_hubs();
     let mut leaves: Vec<NatsLeaf> = (1..=k)
-        .map(|i| NatsLeaf::start(v, &format!("leaf-{i}"), &hubs, &refs))
+        .map(|i| NatsLeaf::start_with_lame_duck(v, &format!("leaf-{i}"), &hubs, &refs, LAME_DUCK))
         .collect();
     let nodes = cluster.node_count();
     let leaf_rss = |leaves: &[NatsLeaf]| -> Vec<u64> {
@@ -163,7 +182,7 @@ fn measure(n: usize, k: usize, processes: usize, window: Duration) -> Measured {
     let servers = leaves.iter().map(NatsLeaf::client_addr).collect();
     let started = Instant::now();
     let mut fleet = Fleet::start_processes_on(servers, Generation::Two, ids, processes, |c| {
-        c.start_rate = START_RATE
+        c.start_rate = rate
     });
     match fleet.wait_snapshots(started, SNAPSHOT_TIMEOUT) {
         Ok(s) => m.snapshots = s,
@@ -214,6 +233,10 @@ fn measure(n: usize, k: usize, processes: usize, window: Duration) -> Measured {
         }
     }
     drop(admin);
+    // The operator's commands over the live fleet, through the hub.
+    let (status, rollout) = fleetctl_runs(&cluster, n);
+    m.status = Some(status);
+    m.rollout = Some(rollout);
     // A leaf's loss.
     m.per_leaf = fleet.per_node(k);
     m.victim_leaf = (0..k).max_by_key(|i| m.per_leaf[*i]).unwrap_or(0);
@@ -250,6 +273,31 @@ fn measure(n: usize, k: usize, processes: usize, window: Duration) -> Measured {
     drop(admin);
     m.node_lost_sync = lost_sync_since(&fleet, at).saturating_sub(lost_before);
     m.node_errors = fleet.errors_after_mark();
+    // The killed leaf and hub node back, then every leaf restarted in
+    // lame-duck mode, one after the other.
+    if let Err(e) = leaves[m.victim_leaf].restart_lame_duck(NODE_RESTART_TIMEOUT) {
+        m.rolling_failure = Some(format!("restarting the killed leaf: {e}"));
+        return m;
+    }
+    if let Err(e) = cluster.restart_node_lame_duck(m.victim_node, NODE_RESTART_TIMEOUT) {
+        m.rolling_failure = Some(format!("restarting the killed hub node: {e}"));
+        return m;
+    }
+    fleet.mark_errors();
+    let from = Instant::now();
+    for leaf in &mut leaves {
+        eprintln!(
+            "bench: scale-leaf {n}: lame-duck restart of {}",
+            leaf.name()
+        );
+        if let Err(e) = leaf.restart_lame_duck(NODE_RESTART_TIMEOUT) {
+            m.rolling_failure = Some(e);
+            return m;
+        }
+    }
+    let until = Instant::now();
+    m.rolling_took = until - from;
+    m.rolling = fleet.outages(from, until, RECOVERY_TIMEOUT);
     drop(fleet);
     m
 }
@@ -322,6 +370,7 @@ fn rows(
     label: &str,
     n: usize,
     k: usize,
+    rate: u32,
     processes: usize,
     window: Duration,
     m: &Measured,
@@ -349,7 +398,7 @@ fn rows(
             .ratio("—")
             .target("≤ 100 KiB", Verdict::from_ok(per <= 100.0 * 1024.0))
             .note(format!(
-                "RSS settled with {n} devices minus before any device, summed over the hub nodes ({} per device) and the leaves ({} per device){}, over N. The hub nodes' Go live heap after a collection plus stacks grew {} per device (the leaves serve no profiling port). Hub per node before → settled {} → {}; leaves {} → {}. Devices start at {START_RATE}/s; first snapshots p50/p99/max {} from the first start, devices per leaf then {:?} (device i starts on leaf i % {k}, a failed attempt moves it to the next), {} errors counted in the start ({}); simulated in {processes} worker processes.",
+                "RSS settled with {n} devices minus before any device, summed over the hub nodes ({} per device) and the leaves ({} per device){}, over N. The hub nodes' Go live heap after a collection plus stacks grew {} per device (the leaves serve no profiling port). Hub per node before → settled {} → {}; leaves {} → {}. Devices start at {rate}/s; first snapshots p50/p99/max {} from the first start, devices per leaf then {:?} (device i starts on leaf i % {k}, a failed attempt moves it to another at random), {} errors counted in the start ({}); simulated in {processes} worker processes.",
                 kib(hub_grew as f64 / n as f64),
                 kib(leaf_grew as f64 / n as f64),
                 gomemlimit_note(),
@@ -457,6 +506,54 @@ fn rows(
             ),
         ),
     });
+    for (what, run, target) in [
+        (
+            "`fleetctl status --json`",
+            &m.status,
+            "every device listed, online",
+        ),
+        ("`fleetctl rollout`", &m.rollout, "every intent written"),
+    ] {
+        let row = Row::new(format!("{label}: {what} over the live fleet"));
+        out.push(match run {
+            Some(r) => row
+                .ours(format!("{:.2} s", r.took.as_secs_f64()))
+                .baseline("—")
+                .ratio("—")
+                .target(target, Verdict::from_ok(r.ok))
+                .note(format!(
+                    "The release fleetctl against the hub's three nodes, spawn to exit, after the fan-out and before the leaf kill: {}.",
+                    r.summary
+                )),
+            None => Row::todo(&row.figure, target, "not run: an earlier step failed"),
+        });
+    }
+    let rolling_ok = m.rolling_failure.is_none()
+        && m.rolling.never == 0
+        && m.rolling.affected > 0
+        && m.rolling.spread.max <= Duration::from_secs(10);
+    out.push(
+        Row::new(format!("{label}: rolling restart of the {k} leaves (lame duck), outages p50 / p99 / max"))
+            .ours(match &m.rolling_failure {
+                Some(e) => format!("not done: {}", short(e)),
+                None => recovery_cell(&m.rolling),
+            })
+            .baseline("—")
+            .ratio("—")
+            .target("every outage ≤ 10 s, none lost", Verdict::from_ok(rolling_ok))
+            .note(format!(
+                "After the killed leaf and hub node were started again: each leaf in turn put in lame-duck mode (SIGUSR2; `lame_duck_duration` {} s, grace {} s: no new clients, its clients closed over the duration) and started again with its links up before the next; its devices reconnect to the other leaves at random. The whole took {:.0} s. Affected = devices that lost sync during it (some more than once, as the leaf they moved to restarts later); the spread is over every outage, from the loss to a complete snapshot again. Bound {} s after the last leaf.{}",
+                LAME_DUCK.0.as_secs(),
+                LAME_DUCK.1.as_secs(),
+                m.rolling_took.as_secs_f64(),
+                RECOVERY_TIMEOUT.as_secs(),
+                m.rolling
+                    .first_never
+                    .as_ref()
+                    .map(|s| format!(" First device not back: {s}."))
+                    .unwrap_or_default(),
+            )),
+    );
     out
 }
 

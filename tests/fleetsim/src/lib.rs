@@ -132,7 +132,12 @@ pub struct SimConfig {
     /// in one instant; 0 = all at once).
     pub start_rate: u32,
     /// Connections per local source address (127.0.0.1, .2, ...): each
-    /// address has ~28k ephemeral ports.
+    /// address has ~28k ephemeral ports, and `bind` searches them for a
+    /// free one, which takes about a millisecond when most are taken
+    /// (20,000 a source address held a 100,000-device start back for
+    /// minutes, devices timing out their authentication while the loop
+    /// bound); 4,000 keeps the search short, 250 addresses 1,000,000
+    /// devices.
     pub per_source_address: usize,
     /// Keep every subject each device sends on (the faithfulness test).
     pub trace: bool,
@@ -175,7 +180,7 @@ impl SimConfig {
             },
             request_timeout: fleet_common::limits::NATS_REQUEST_TIMEOUT,
             start_rate: 0,
-            per_source_address: 20_000,
+            per_source_address: 4_000,
             trace: false,
             first_index: 0,
         }

@@ -9,7 +9,8 @@
 //! `fleet_common::nats_config::leaf_server_config`, start the server, wait
 //! for both leafnode connections to the hub, then until a device's Direct
 //! Get through the leaf is answered (interest crosses the link a moment
-//! after it is up). `restart` comes back on the same port.
+//! after it is up). `restart` and `restart_lame_duck` come back on the
+//! same port.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,8 +26,9 @@ use rustix::process::Signal;
 use tempfile::TempDir;
 
 use crate::nats::{
-    device_password, fleet_devices, free_port, quick, server_command, server_dir, spawn_server,
-    write_file, NatsVersion, StartError, LEAF_PASSWORD, PORT_ATTEMPTS,
+    device_password, fleet_devices, free_port, lame_duck_exit, lame_duck_lines, quick,
+    server_command, server_dir, spawn_server, write_file, NatsVersion, StartError, LEAF_PASSWORD,
+    PORT_ATTEMPTS,
 };
 use crate::proc::ChildGuard;
 
@@ -60,10 +62,33 @@ impl NatsLeaf {
     /// [`leafnode_hubs`](crate::NatsServer::leafnode_hubs)), with a user
     /// per device. Returns once a device's request is answered through it.
     pub fn start(v: NatsVersion, name: &str, hubs: &[String], devices: &[&str]) -> NatsLeaf {
+        Self::start_devices(v, name, hubs, devices, None)
+    }
+
+    /// [`start`](Self::start) with `lame_duck_duration` and
+    /// `lame_duck_grace_period` (`lame_duck`), for
+    /// [`restart_lame_duck`](Self::restart_lame_duck).
+    pub fn start_with_lame_duck(
+        v: NatsVersion,
+        name: &str,
+        hubs: &[String],
+        devices: &[&str],
+        lame_duck: (Duration, Duration),
+    ) -> NatsLeaf {
+        Self::start_devices(v, name, hubs, devices, Some(lame_duck))
+    }
+
+    fn start_devices(
+        v: NatsVersion,
+        name: &str,
+        hubs: &[String],
+        devices: &[&str],
+        lame_duck: Option<(Duration, Duration)>,
+    ) -> NatsLeaf {
         let users = fleet_devices(devices);
         let probe = devices.first().map(|d| (*d).to_owned());
         Self::start_inner(v, name, probe, |port| {
-            leaf_server_config(&LeafServerConfig {
+            let mut config = leaf_server_config(&LeafServerConfig {
                 listen: SocketAddr::from(([127, 0, 0, 1], port)),
                 server_name: name.to_owned(),
                 hubs: hubs.to_vec(),
@@ -71,7 +96,14 @@ impl NatsLeaf {
                 devices: users.clone(),
                 callout: None,
                 protocols: DeviceProtocols::WithLegacy,
-            })
+            });
+            if let Some(lame_duck) = lame_duck {
+                if !config.ends_with('\n') {
+                    config.push('\n');
+                }
+                config.push_str(&lame_duck_lines(lame_duck));
+            }
+            config
         })
     }
 
@@ -251,6 +283,23 @@ impl NatsLeaf {
             child.signal(Signal::TERM);
             child.wait_exit(STOP_TIMEOUT);
         }
+    }
+
+    /// A restart in lame-duck mode: no new clients, its clients closed over
+    /// its `lame_duck_duration` (2 min unless started
+    /// [`with_lame_duck`](Self::start_with_lame_duck)), its exit within
+    /// `timeout`; then started again on the same port, its links up.
+    pub fn restart_lame_duck(&mut self, timeout: Duration) -> Result<(), String> {
+        if let Some(child) = self.child.take() {
+            lame_duck_exit(child, timeout).map_err(|e| format!("leaf {} {e}", self.name))?;
+        }
+        self.spawn().map_err(|e| match e {
+            StartError::PortTaken => format!(
+                "leaf {}: port {} was taken while it restarted",
+                self.name, self.port
+            ),
+            StartError::Failed(log) => format!("leaf {} failed to restart:\n{log}", self.name),
+        })
     }
 
     /// Starts it again on the same port (after [`kill`](Self::kill) or

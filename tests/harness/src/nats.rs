@@ -629,12 +629,8 @@ impl NatsCluster {
                 if let Some(port) = prof.get(i) {
                     extra.push_str(&format!("prof_port: {port}\n"));
                 }
-                if let Some((duration, grace)) = options.lame_duck {
-                    extra.push_str(&format!(
-                        "lame_duck_duration: \"{}s\"\nlame_duck_grace_period: \"{}s\"\n",
-                        duration.as_secs(),
-                        grace.as_secs()
-                    ));
+                if let Some(lame_duck) = options.lame_duck {
+                    extra.push_str(&lame_duck_lines(lame_duck));
                 }
                 if let Some(n) = options.max_connections {
                     extra.push_str(&format!("max_connections: {n}\n"));
@@ -781,18 +777,8 @@ impl NatsCluster {
     /// not running (killed) is only started. Each step is bounded by
     /// `timeout`; the error says which one did not end.
     pub fn restart_node_lame_duck(&mut self, i: usize, timeout: Duration) -> Result<(), String> {
-        if let Some(mut child) = self.nodes[i].take() {
-            child.signal(Signal::USR2);
-            let deadline = Instant::now() + timeout;
-            while child.try_wait().is_none() {
-                if Instant::now() >= deadline {
-                    child.kill();
-                    return Err(format!(
-                        "node n{i} still running {timeout:?} after SIGUSR2 (lame duck); killed"
-                    ));
-                }
-                thread::sleep(RETRY_INTERVAL);
-            }
+        if let Some(child) = self.nodes[i].take() {
+            lame_duck_exit(child, timeout).map_err(|e| format!("node n{i} {e}"))?;
         }
         let config = self.configs[i].to_string_lossy().into_owned();
         let cmd = server_command(self.version, &["-c", &config]);
@@ -1017,4 +1003,31 @@ fn temp_dir(prefix: &str) -> TempDir {
 
 pub(crate) fn write_file(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+/// `lame_duck_duration` and `lame_duck_grace_period` config lines.
+pub(crate) fn lame_duck_lines((duration, grace): (Duration, Duration)) -> String {
+    format!(
+        "lame_duck_duration: \"{}s\"\nlame_duck_grace_period: \"{}s\"\n",
+        duration.as_secs(),
+        grace.as_secs()
+    )
+}
+
+/// SIGUSR2 (lame-duck mode: no new clients, its clients closed over
+/// `lame_duck_duration`), then waits for the server's exit; killed past
+/// `timeout`.
+pub(crate) fn lame_duck_exit(mut child: ChildGuard, timeout: Duration) -> Result<(), String> {
+    child.signal(Signal::USR2);
+    let deadline = Instant::now() + timeout;
+    while child.try_wait().is_none() {
+        if Instant::now() >= deadline {
+            child.kill();
+            return Err(format!(
+                "still running {timeout:?} after SIGUSR2 (lame duck); killed"
+            ));
+        }
+        thread::sleep(RETRY_INTERVAL);
+    }
+    Ok(())
 }
