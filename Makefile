@@ -198,7 +198,7 @@ bench: deps man $(TEST_AGENTS)/fleet-agent-$(RELEASED_AGENT_0_2_VERSION)
 	OUT_DIR=$(TARGET_DIR)/bench/packages BIN_DIR=$(TARGET_DIR)/$(DEVICE_TRIPLE_amd64)/release scripts/package.sh deb device amd64
 	$(TARGET_DIR)/release/fleet-bench $(BENCH_ARGS)
 
-## bench-100k: the scale-leaf section at 100,000 simulated devices on 7 leaf nodes of the 3-node hub, GOMEMLIMIT 1800MiB on each of the 10 servers (~20 min, ~20 GiB of memory in all; not part of make bench), into docs/bench/scale-leaf.md.
+## bench-100k: the scale-leaf section at 100,000 simulated devices on 7 leaf nodes of the 3-node hub, GOMEMLIMIT 1800MiB on each of the 10 servers (~13 min, ~18 GiB of memory in all; not part of make bench), into docs/bench/scale-leaf.md.
 bench-100k: deps
 	$(CARGO) build --release --workspace --bins
 	GOMEMLIMIT=1800MiB $(TARGET_DIR)/release/fleet-bench --only scale-leaf --scale-leaf-devices 100000 --leaves 7 --scale-leaf-rate 1000
