@@ -73,6 +73,8 @@ pub enum Refusal {
     Revoked(DeviceId),
     /// The registry could not be read.
     Registry(String),
+    /// A bearer token, and this callout has no identity provider.
+    NoIdentityProvider,
 }
 
 impl fmt::Display for Refusal {
@@ -98,6 +100,9 @@ impl fmt::Display for Refusal {
             ),
             Self::Revoked(d) => write!(f, "device {d} is revoked"),
             Self::Registry(e) => e.fmt(f),
+            Self::NoIdentityProvider => f.write_str(
+                "a bearer token, and this callout has no identity provider (issuer, audience and jwks_url are not configured): this fleet admits enrolled devices only; give the device the enrollment method",
+            ),
         }
     }
 }
@@ -208,11 +213,11 @@ impl fmt::Display for Unanswerable {
     }
 }
 
-/// The callout: issuer key, JWKS cache and bearer policy; with
-/// enrollment, the gate and the registry.
+/// The callout: issuer key, JWKS cache (none: enrolled devices only) and
+/// bearer policy; with enrollment, the gate and the registry.
 pub struct Callout {
     signer: AccountSigner,
-    jwks: JwksCache,
+    jwks: Option<JwksCache>,
     policy: BearerPolicy,
     enrollment: Option<(EnrollGate, Arc<dyn Registry>)>,
     /// New lobby records of identity-provider devices this minute.
@@ -229,7 +234,7 @@ impl fmt::Debug for Callout {
 }
 
 impl Callout {
-    pub fn new(signer: AccountSigner, jwks: JwksCache, policy: BearerPolicy) -> Self {
+    pub fn new(signer: AccountSigner, jwks: Option<JwksCache>, policy: BearerPolicy) -> Self {
         Self {
             signer,
             jwks,
@@ -249,8 +254,8 @@ impl Callout {
         self.signer.public_key().encode()
     }
 
-    pub fn jwks(&self) -> &JwksCache {
-        &self.jwks
+    pub fn jwks(&self) -> Option<&JwksCache> {
+        self.jwks.as_ref()
     }
 
     /// Decides `payload` (the request message) at unix time `now_unix` and
@@ -401,7 +406,10 @@ impl Callout {
         let Some(token) = opts.auth_token.as_deref().filter(|t| !t.is_empty()) else {
             return Decision::Refused(Refusal::NoBearer);
         };
-        match jwt::verify(token, |kid| self.jwks.key(kid, now), &self.policy, now_unix) {
+        let Some(jwks) = &self.jwks else {
+            return Decision::Refused(Refusal::NoIdentityProvider);
+        };
+        match jwt::verify(token, |kid| jwks.key(kid, now), &self.policy, now_unix) {
             Ok(v) => Decision::Authorized {
                 device: v.device,
                 // The user lives as long as the token proves it (within the
@@ -512,7 +520,7 @@ mod tests {
             Duration::from_secs(3600),
         );
         jwks.refresh(Instant::now()).expect("fills");
-        Callout::new(signer, jwks, policy())
+        Callout::new(signer, Some(jwks), policy())
     }
 
     fn payload(t: &str) -> Value {

@@ -33,8 +33,12 @@
 //! the request's facts; `bearer_requires_approval` gates identity-provider
 //! devices on the registry too.
 //!
-//! Only the first four and the NATS and seed entries are required; the rest
-//! have the defaults shown (`https_ca_file` absent: the system trust store;
+//! The identity provider is `issuer`, `audience` and `jwks_url`, all three
+//! or none. A callout without one admits enrolled devices only (it refuses
+//! bearer tokens, saying why), and then needs `enrollment`; `device_claim`,
+//! `jwks_*` and `https_ca_file` belong to the provider and are refused
+//! without it. The NATS and seed entries are required; the rest have the
+//! defaults shown (`https_ca_file` absent: the system trust store;
 //! `nats_ca_file` absent: the nats crate's system roots when the URL is
 //! `tls://`).
 
@@ -88,9 +92,12 @@ const RESERVED_CLAIMS: [&str; 6] = ["iss", "aud", "exp", "nbf", "iat", "jti"];
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
-    issuer: String,
-    audience: String,
-    jwks_url: String,
+    #[serde(default)]
+    issuer: Option<String>,
+    #[serde(default)]
+    audience: Option<String>,
+    #[serde(default)]
+    jwks_url: Option<String>,
     #[serde(default)]
     device_claim: Option<String>,
     #[serde(default)]
@@ -139,14 +146,24 @@ pub struct EnrollmentConfig {
 /// Enrollment token files accepted at most.
 const MAX_ENROLLMENT_TOKENS: usize = 8;
 
+/// Where the identity provider's keys come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwksConfig {
+    pub url: String,
+    pub min_refetch: Duration,
+    pub max_age: Duration,
+    pub https_ca_file: Option<PathBuf>,
+}
+
 /// A validated config.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
+    /// The bearer policy; its `issuer`, `audience` and `device_claim` are
+    /// empty when there is no identity provider (`jwks` is `None`), and
+    /// then never used: bearer tokens are refused before verification.
     pub policy: BearerPolicy,
-    pub jwks_url: String,
-    pub jwks_min_refetch: Duration,
-    pub jwks_max_age: Duration,
-    pub https_ca_file: Option<PathBuf>,
+    /// The identity provider's key set; `None`: enrolled devices only.
+    pub jwks: Option<JwksConfig>,
     pub nats_url: String,
     pub nats_user: String,
     pub nats_password_file: PathBuf,
@@ -228,18 +245,52 @@ impl Config {
             }
             Ok(())
         };
-        https("issuer", &raw.issuer)?;
-        https("jwks_url", &raw.jwks_url)?;
-        if raw.audience.is_empty() || raw.audience.chars().count() > MAX_TEXT_CHARS {
-            return Err(invalid(
-                "audience",
-                "must be the audience the provider puts in device tokens (for Zitadel, the project ID)",
-            ));
+        let idp = match (&raw.issuer, &raw.audience, &raw.jwks_url) {
+            (Some(issuer), Some(audience), Some(jwks_url)) => Some((issuer, audience, jwks_url)),
+            (None, None, None) => None,
+            _ => {
+                return Err(invalid(
+                    "issuer",
+                    "issuer, audience and jwks_url go together: give all three for identity-provider devices, or none for a callout that admits enrolled devices only",
+                ))
+            }
+        };
+        if let Some((issuer, audience, jwks_url)) = idp {
+            https("issuer", issuer)?;
+            https("jwks_url", jwks_url)?;
+            if audience.is_empty() || audience.chars().count() > MAX_TEXT_CHARS {
+                return Err(invalid(
+                    "audience",
+                    "must be the audience the provider puts in device tokens (for Zitadel, the project ID)",
+                ));
+            }
+        } else {
+            let provider_only = [
+                ("device_claim", raw.device_claim.is_some()),
+                ("jwks_min_refetch_secs", raw.jwks_min_refetch_secs.is_some()),
+                ("jwks_max_age_secs", raw.jwks_max_age_secs.is_some()),
+                ("https_ca_file", raw.https_ca_file.is_some()),
+            ];
+            if let Some((field, _)) = provider_only.into_iter().find(|(_, set)| *set) {
+                return Err(invalid(
+                    field,
+                    "belongs to the identity provider, and there is none (issuer, audience and jwks_url are absent): remove it, or configure the provider",
+                ));
+            }
+            if raw.enrollment.is_none() {
+                return Err(invalid(
+                    "enrollment",
+                    "absent, and so is the identity provider: this callout would admit no device; configure enrollment, the provider (issuer, audience, jwks_url), or both",
+                ));
+            }
         }
-        let device_claim = raw
-            .device_claim
-            .unwrap_or_else(|| DEFAULT_DEVICE_CLAIM.to_owned());
-        if device_claim.is_empty()
+        let device_claim = match idp {
+            None => String::new(),
+            Some(_) => raw
+                .device_claim
+                .unwrap_or_else(|| DEFAULT_DEVICE_CLAIM.to_owned()),
+        };
+        if (idp.is_some() && device_claim.is_empty())
             || device_claim.chars().count() > MAX_CLAIM_CHARS
             || RESERVED_CLAIMS.contains(&device_claim.as_str())
         {
@@ -343,17 +394,30 @@ impl Config {
                         field: "enrollment.auto_approve",
                         why: err.to_string(),
                     })?;
+                let bearer_requires_approval = e.bearer_requires_approval.unwrap_or(false);
+                if bearer_requires_approval && idp.is_none() {
+                    return Err(invalid(
+                        "enrollment.bearer_requires_approval",
+                        "gates identity-provider devices, and there is no identity provider (issuer, audience, jwks_url)",
+                    ));
+                }
                 Some(EnrollmentConfig {
                     token_files: e.token_files,
                     auto_approve,
-                    bearer_requires_approval: e.bearer_requires_approval.unwrap_or(false),
+                    bearer_requires_approval,
                 })
             }
         };
+        let jwks = idp.map(|(_, _, url)| JwksConfig {
+            url: url.clone(),
+            min_refetch: Duration::from_secs(min_refetch),
+            max_age: Duration::from_secs(max_age),
+            https_ca_file: raw.https_ca_file.clone(),
+        });
         Ok(Config {
             policy: BearerPolicy {
-                issuer: raw.issuer,
-                audience: raw.audience,
+                issuer: raw.issuer.unwrap_or_default(),
+                audience: raw.audience.unwrap_or_default(),
                 device_claim,
                 clock_skew_secs: i64::try_from(skew).unwrap_or(0),
                 max_user_lifetime_secs: i64::try_from(max_user_lifetime)
@@ -364,10 +428,7 @@ impl Config {
                     DeviceProtocols::Current
                 },
             },
-            jwks_url: raw.jwks_url,
-            jwks_min_refetch: Duration::from_secs(min_refetch),
-            jwks_max_age: Duration::from_secs(max_age),
-            https_ca_file: raw.https_ca_file,
+            jwks,
             nats_url: raw.nats_url,
             nats_user,
             nats_password_file: raw.nats_password_file,
@@ -442,11 +503,69 @@ mod tests {
         let c = Config::from_json(&minimal().to_string()).expect("valid");
         assert_eq!(c.policy.device_claim, "device_id");
         assert_eq!(c.policy.clock_skew_secs, 60);
-        assert_eq!(c.jwks_min_refetch, Duration::from_secs(30));
-        assert_eq!(c.jwks_max_age, Duration::from_secs(3600));
+        let jwks = c.jwks.expect("an identity provider");
+        assert_eq!(jwks.min_refetch, Duration::from_secs(30));
+        assert_eq!(jwks.max_age, Duration::from_secs(3600));
+        assert_eq!(jwks.https_ca_file, None);
         assert_eq!(c.policy.max_user_lifetime_secs, 86_400);
         assert_eq!(c.nats_user, "auth-callout");
-        assert_eq!(c.https_ca_file, None);
+    }
+
+    #[test]
+    fn enrollment_alone_needs_no_identity_provider() {
+        let enrollment_only = |f: &dyn Fn(&mut Value)| {
+            let mut v = minimal();
+            let o = v.as_object_mut().expect("object");
+            for k in ["issuer", "audience", "jwks_url"] {
+                o.remove(k);
+            }
+            v["enrollment"] = json!({"token_files": ["/etc/t"]});
+            f(&mut v);
+            Config::from_json(&v.to_string()).map_err(|e| e.to_string())
+        };
+        let c = enrollment_only(&|_| {}).expect("valid");
+        assert_eq!(c.jwks, None);
+        assert!(c.enrollment.is_some());
+        assert_eq!(c.policy.max_user_lifetime_secs, 86_400);
+
+        let e = enrollment_only(&|v| {
+            v.as_object_mut().expect("object").remove("enrollment");
+        })
+        .expect_err("admits nothing");
+        assert!(
+            e.starts_with("config enrollment: absent, and so is the identity provider"),
+            "{e}"
+        );
+        let e = enrollment_only(&|v| v["audience"] = json!("fleet")).expect_err("partial");
+        assert!(
+            e.contains("issuer, audience and jwks_url go together"),
+            "{e}"
+        );
+        for field in [
+            "device_claim",
+            "jwks_min_refetch_secs",
+            "jwks_max_age_secs",
+            "https_ca_file",
+        ] {
+            let e = enrollment_only(&|v| {
+                v[field] = if field == "device_claim" || field == "https_ca_file" {
+                    json!("/x")
+                } else {
+                    json!(60)
+                }
+            })
+            .expect_err("provider-only key");
+            assert!(
+                e.starts_with(&format!("config {field}: belongs to the identity provider")),
+                "{e}"
+            );
+        }
+        let e = enrollment_only(&|v| v["enrollment"]["bearer_requires_approval"] = json!(true))
+            .expect_err("gates nothing");
+        assert!(
+            e.starts_with("config enrollment.bearer_requires_approval:"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -479,7 +598,11 @@ mod tests {
         assert!(refuse(|v| {
             v.as_object_mut().expect("obj").remove("audience");
         })
-        .contains("missing field `audience`"));
+        .contains("issuer, audience and jwks_url go together"));
+        assert!(refuse(|v| {
+            v.as_object_mut().expect("obj").remove("nats_url");
+        })
+        .contains("missing field `nats_url`"));
     }
 
     #[test]

@@ -11,8 +11,9 @@ const HELP: &str = "fleet-auth-callout: NATS auth callout of a Harmony fleet
 Answers nats-server's authorization requests (auth_callout, server 2.10+):
 verifies the identity provider's bearer JWT (RS256/ES256, keys from its JWKS),
 reads the device ID claim, and places the client in account DEVICES with
-exactly that device's permissions. Anything else is refused, with the reason
-logged.
+exactly that device's permissions; with enrollment, also admits devices by
+their own approved nkey and lets new ones ask to join. Anything else is
+refused, with the reason logged.
 
 Usage:
   fleet-auth-callout [--config <file>]    run (default config: /etc/harmony-fleet/auth-callout.json)
@@ -22,7 +23,8 @@ Usage:
                                           print the public key of a seed file
   fleet-auth-callout --help | --version
 
-Config (JSON, unknown keys refused):
+Config (JSON, unknown keys refused; issuer, audience and jwks_url: all three,
+or none for enrolled devices only):
   issuer                 identity provider issuer URL (https://), compared exactly to iss
   audience               required member of aud (Zitadel: the project ID)
   jwks_url               the provider's JWKS (https://)
@@ -36,6 +38,8 @@ Config (JSON, unknown keys refused):
   nats_password_file     its password, mode 0600
   nats_ca_file           PEM CA file for a tls:// server
   issuer_seed_file       the issuer account seed (SA...), mode 0600
+  enrollment             {token_files, auto_approve, bearer_requires_approval}:
+                         devices joining with their own key (see the README)
 
 Logs go to the journal under systemd, to stderr otherwise (FLEET_LOG=debug for more).
 ";

@@ -284,7 +284,9 @@ fn configs() {
             Ok(c) if random => Err(format!("random bytes parsed as {c:?}")),
             Ok(c) => {
                 let ok = c.policy.issuer.starts_with("https://")
-                    && c.jwks_url.starts_with("https://")
+                    && c.jwks
+                        .as_ref()
+                        .is_some_and(|j| j.url.starts_with("https://"))
                     && (60..=2_592_000).contains(&c.policy.max_user_lifetime_secs)
                     && c.nats_password_file.is_absolute()
                     && c.issuer_seed_file.is_absolute();

@@ -158,15 +158,24 @@ pub fn read_secret(path: &Path) -> Result<String, ServiceError> {
 pub fn run(config: &Config) -> Result<(), ServiceError> {
     let signer = AccountSigner::load(&config.issuer_seed_file).map_err(ServiceError::Seed)?;
     let password = read_secret(&config.nats_password_file)?;
-    let agent = https::agent(config.https_ca_file.as_deref()).map_err(ServiceError::Https)?;
-    let jwks = JwksCache::new(
-        Box::new(HttpsJwks::new(agent, config.jwks_url.clone())),
-        config.jwks_min_refetch,
-        config.jwks_max_age,
-    );
-    if let Err(e) = jwks.refresh(Instant::now()) {
-        log::warn!("{e}; retrying when the first device connects");
-    }
+    let jwks = match &config.jwks {
+        Some(j) => {
+            let agent = https::agent(j.https_ca_file.as_deref()).map_err(ServiceError::Https)?;
+            let jwks = JwksCache::new(
+                Box::new(HttpsJwks::new(agent, j.url.clone())),
+                j.min_refetch,
+                j.max_age,
+            );
+            if let Err(e) = jwks.refresh(Instant::now()) {
+                log::warn!("{e}; retrying when the first device connects");
+            }
+            Some(jwks)
+        }
+        None => {
+            log::info!("no identity provider configured: admitting enrolled devices only");
+            None
+        }
+    };
     let tokens = match &config.enrollment {
         Some(e) => e
             .token_files

@@ -193,7 +193,9 @@ fn nonce_key() -> PublicNkey {
 }
 
 /// The callout's config in `dir` (issuer seed from [`keygen`]), talking
-/// to `nats_url` (comma-separated for a cluster), `extra` merged in.
+/// to `nats_url` (comma-separated for a cluster), `extra` merged in (a
+/// `null` removes the key: `{"issuer": null, ...}` for a callout without
+/// the identity provider).
 fn write_config(dir: &Path, idp: &Idp, nats_url: &str, extra: Value) -> PathBuf {
     let password = dir.join("nats-password");
     write_private(&password, &format!("{CALLOUT_PASSWORD}\n"));
@@ -206,8 +208,13 @@ fn write_config(dir: &Path, idp: &Idp, nats_url: &str, extra: Value) -> PathBuf 
         "nats_password_file": password,
         "issuer_seed_file": dir.join(ISSUER_SEED),
     });
+    let o = config.as_object_mut().expect("object");
     for (k, v) in extra.as_object().expect("object") {
-        config[k] = v.clone();
+        if v.is_null() {
+            o.remove(k);
+        } else {
+            o.insert(k.clone(), v.clone());
+        }
     }
     let config_path = dir.join("auth-callout.json");
     std::fs::write(&config_path, config.to_string()).expect("write config");
