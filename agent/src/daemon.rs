@@ -110,6 +110,9 @@ pub enum RunError {
     },
     Socket(fleet_common::socket::SocketError),
     Upgrade(StartupError),
+    /// The fleet no longer approves this device (decommissioned, rejected
+    /// or pending again), learnt while running: what it said.
+    Unenrolled(String),
 }
 
 impl fmt::Display for RunError {
@@ -143,6 +146,10 @@ impl fmt::Display for RunError {
             Self::Thread { name, source } => write!(f, "starting thread {name}: {source}"),
             Self::Socket(e) => write!(f, "the agent socket: {e}"),
             Self::Upgrade(e) => write!(f, "{e}"),
+            Self::Unenrolled(what) => write!(
+                f,
+                "{what}; stopped with the workloads left running, so that the next start (systemd restarts the agent) waits for approval"
+            ),
         }
     }
 }
@@ -164,6 +171,7 @@ impl RunError {
             Self::Enroll(_) => 20,
             Self::DeviceInfo { .. } => 21,
             Self::Socket(_) => 23,
+            Self::Unenrolled(_) => 24,
             Self::Upgrade(StartupError::NotPublished { .. }) => 21,
             Self::Upgrade(StartupError::NotTheTarget { .. }) => 22,
             Self::Upgrade(StartupError::Thread { .. } | StartupError::AlreadyStarted) => 1,
@@ -178,13 +186,34 @@ fn thread_err(name: &'static str) -> impl FnOnce(io::Error) -> RunError {
 /// Runs the agent until a termination signal. `signals` must have been
 /// blocked before any thread started.
 pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Result<(), RunError> {
+    let unenrolled = Arc::new(std::sync::Mutex::new(None));
+    let ran = run_until(config_path, signals, version, &unenrolled);
+    let told = unenrolled.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match told {
+        // Whatever else failed after it (a start-up step denied, say),
+        // this is why.
+        Some(what) => Err(RunError::Unenrolled(what)),
+        None => ran,
+    }
+}
+
+/// [`run`], until a signal or until the enrollment recheck finds the
+/// device no longer approved (then `unenrolled` holds what the fleet said).
+fn run_until(
+    config_path: &Path,
+    signals: TerminationSignals,
+    version: &str,
+    unenrolled: &Arc<std::sync::Mutex<Option<String>>>,
+) -> Result<(), RunError> {
     let started = Instant::now();
     let started_at = Timestamp::now();
     let version = Version::parse(version).map_err(|e| RunError::Version(e.to_string()))?;
     let arch = Arch::current().ok_or(RunError::UnsupportedArch)?;
     let shutdown = Arc::new(Shutdown::new());
     let gate = Arc::new(MutationGate::new());
-    let (sig_tx, sig_rx) = mpsc::channel::<TermSignal>();
+    // A signal, or `None`: the agent stops itself (see `Recheck` below).
+    let (sig_tx, sig_rx) = mpsc::channel::<Option<TermSignal>>();
+    let stop_tx = sig_tx.clone();
     {
         let shutdown = Arc::clone(&shutdown);
         let gate = Arc::clone(&gate);
@@ -195,7 +224,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
                 gate.close(ClosedBy::Shutdown);
                 log::info!("{sig} received; draining");
                 shutdown.request();
-                let _ = sig_tx.send(sig);
+                let _ = sig_tx.send(Some(sig));
             })
             .map_err(RunError::Signals)?;
     }
@@ -310,6 +339,30 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     };
     drop(connecting);
     api.set_nats(Arc::clone(&nats));
+    // The `enrollment` method: asked again when the server denies this
+    // device what an approved one may do (`crate::enroll`, "While the
+    // agent runs"). Left to process exit when stopping: it sees the
+    // shutdown within a second, or its one bounded attempt ends.
+    {
+        let unenrolled = Arc::clone(unenrolled);
+        let stopping = Arc::clone(&shutdown);
+        let gate = Arc::clone(&gate);
+        crate::enroll::Recheck {
+            cfg: config.nats.clone(),
+            device: device.clone(),
+            state_dir: state_dir.clone(),
+            version: version.as_str().to_owned(),
+            nats: Arc::clone(&nats),
+            shutdown: Arc::clone(&shutdown),
+        }
+        .spawn(move |what| {
+            *unenrolled.lock().unwrap_or_else(|p| p.into_inner()) = Some(what);
+            gate.close(ClosedBy::Shutdown);
+            stopping.request();
+            let _ = stop_tx.send(None);
+        })
+        .map_err(thread_err("agent-enroll-recheck"))?;
+    }
     let window_end = Instant::now() + NATS_CONNECT_WINDOW;
     notify::status(&format!(
         "connected to NATS at {}; publishing device info",
@@ -493,7 +546,7 @@ pub fn run(config_path: &Path, signals: TerminationSignals, version: &str) -> Re
     }
 
     // Run until a signal.
-    let sig = sig_rx.recv().ok();
+    let sig = sig_rx.recv().ok().flatten();
     let drain_start = Instant::now();
     let in_flight = gate.close(ClosedBy::Shutdown);
     shutdown.request();

@@ -17,9 +17,15 @@
 //! With `enrolled.json` recording this device and key, an attempt that
 //! cannot reach the fleet is enough to go on (the start-up's own connection
 //! retries); an answer other than approved (a decommissioned, rejected or
-//! re-pending device) removes it. A decommissioned device thus learns it at
-//! its next start: its connection was closed, and the callout places its
-//! reconnects in `ENROLL`, where it sees nothing.
+//! re-pending device) removes it.
+//!
+//! While the agent runs, [`Recheck`] asks again when the server denies the
+//! device's own subscriptions or reads: a decommissioned (or rejected, or
+//! re-pended) device's connection is closed, and the callout places its
+//! reconnects in `ENROLL`, where everything the agent subscribes to is
+//! denied. Told so, the agent removes `enrolled.json` and stops with an
+//! error; its workloads keep running, and its next start (systemd's
+//! restart) waits for an operator's approval.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -210,6 +216,115 @@ pub fn use_identity(cfg: &mut NatsConfig, state_dir: &Path) -> Result<(), Enroll
     }
     *seed = Some(Secret::new(load_or_create(&path)?.encode()));
     Ok(())
+}
+
+/// The thread (`agent-enroll-recheck`, the `enrollment` method only) that
+/// asks the fleet again when the running agent's connection is denied
+/// what an approved device may do; see the module documentation.
+pub struct Recheck {
+    pub cfg: NatsConfig,
+    pub device: DeviceId,
+    pub state_dir: PathBuf,
+    pub version: String,
+    pub nats: std::sync::Arc<crate::nats::Nats>,
+    pub shutdown: std::sync::Arc<Shutdown>,
+}
+
+/// Least time between two checks after one that found the device approved
+/// (the denial has another cause: asking again would not change it).
+const RECHECK_AFTER_APPROVED: Duration = ENROLL_RETRY_MAX;
+
+impl Recheck {
+    /// Spawns the thread; `None` for another authentication method.
+    /// `unenrolled` is called once, with what the fleet said, when the
+    /// device is no longer approved (the marker is removed by then).
+    pub fn spawn(
+        self,
+        unenrolled: impl FnOnce(String) + Send + 'static,
+    ) -> std::io::Result<Option<thread::JoinHandle<()>>> {
+        let NatsAuth::Enrollment {
+            seed: Some(seed), ..
+        } = &self.cfg.auth
+        else {
+            return Ok(None);
+        };
+        let Ok(identity) = NkeySeed::parse_kind(seed.expose(), NkeyKind::User) else {
+            return Ok(None);
+        };
+        let key = identity.public_key().encode();
+        crate::threads::spawn("agent-enroll-recheck", move || {
+            if let Some(what) = self.run(&key) {
+                unenrolled(what);
+            }
+        })
+        .map(Some)
+    }
+
+    /// Until shutdown, or until the fleet says the device is no longer
+    /// approved: then what it said.
+    fn run(&self, key: &str) -> Option<String> {
+        let device = &self.device;
+        let request = EnrollRequest {
+            device_id: device.clone(),
+            public_key: key.to_owned(),
+            facts: facts(&self.version),
+        };
+        let marker = self.state_dir.join(ENROLLED_FILE);
+        let mut jitter = Jitter::new();
+        let mut wait = ENROLL_RETRY_FIRST;
+        // When a denial may be checked, and whether one waits for it.
+        let mut next = Instant::now();
+        let mut due = false;
+        while !self.shutdown.is_requested() {
+            if self.nats.wait_denied(Duration::from_secs(1)) {
+                due = true;
+            }
+            if !due || Instant::now() < next {
+                continue;
+            }
+            due = false;
+            let what = match ask(&self.cfg, device, key, &request) {
+                Asked::Approved { .. } => {
+                    log::debug!("a permissions violation, and {device} is still approved");
+                    wait = ENROLL_RETRY_FIRST;
+                    next = Instant::now() + RECHECK_AFTER_APPROVED;
+                    continue;
+                }
+                Asked::Answer(a) => match a.state {
+                    AnswerState::Pending => format!(
+                        "{device} is pending again (its approval was withdrawn): fleetctl device approve {device}"
+                    ),
+                    AnswerState::Rejected => format!(
+                        "enrollment of {device} refused: {}",
+                        a.reason.as_deref().unwrap_or("no reason given")
+                    ),
+                    AnswerState::Decommissioned => format!(
+                        "{device} was decommissioned: an operator must approve it again"
+                    ),
+                    AnswerState::SlowDown | AnswerState::Approved => {
+                        let asked = a.retry_after_secs.map(Duration::from_secs);
+                        next = Instant::now() + jitter.around(wait).max(asked.unwrap_or_default().min(ENROLL_RETRY_MAX));
+                        wait = (wait * 2).min(ENROLL_RETRY_MAX);
+                        due = true;
+                        continue;
+                    }
+                },
+                Asked::Failed(e) => {
+                    let pause = jitter.around(wait);
+                    log::warn!(device = device.as_str(); "the server denies {device} what an approved device may do, and the enrollment service cannot say why: {e}; asking again in {} s", pause.as_secs());
+                    next = Instant::now() + pause;
+                    wait = (wait * 2).min(ENROLL_RETRY_MAX);
+                    due = true;
+                    continue;
+                }
+            };
+            remove_marker(&marker);
+            log::error!(device = device.as_str(), key = key; "{what}; its workloads keep running as they are; stopping, so that the next start waits for approval");
+            notify::status(&what);
+            return Some(what);
+        }
+        None
+    }
 }
 
 /// What one attempt learned.

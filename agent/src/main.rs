@@ -98,6 +98,9 @@ Exit codes:
   22  upgrade-target    (run) the updater is starting an upgrade target and this
                         binary is another version: no READY, so it rolls back
   23  agent-socket      (run) the agent socket cannot be bound
+  24  unenrolled        (run, enrollment method) the fleet no longer approves this
+                        device (decommissioned, rejected, pending again): the
+                        workloads keep running; the next start waits for approval
 
 Exit codes of `node`:
    0  done (or already so)

@@ -7,9 +7,11 @@
 //! runs its workload, and restarts straight into the fleet; its candidate
 //! probe connects as it; `fleetctl device revoke` closes its live connection
 //! and its reconnects are refused while its workload keeps running; the
-//! auto-approve rule; `fleetctl device decommission` has the agent remove
-//! its workload, deletes its keys, and the device is told so at its next
-//! start; a pending device reaches nothing but its own request and answer;
+//! auto-approve rule on a callout with no identity provider (a bearer token
+//! refused, saying why); `fleetctl device decommission` has the agent
+//! remove its workload and deletes its keys, and the running agent learns
+//! it from its denied reconnect, forgets its approval and stops (exit 24),
+//! and its next start waits; a pending device reaches nothing but its own request and answer;
 //! a wrong token, a forged signature, an unsafe id and another device's id
 //! are refused, and the conflict is kept for the operator.
 //! (nats-server 2.9 has no auth callout: enrollment needs 2.10 or later,
@@ -41,6 +43,13 @@ struct Fleet {
 
 impl Fleet {
     fn start(auto_approve: Option<&str>) -> Fleet {
+        Self::start_with(auto_approve, true)
+    }
+
+    /// With `identity_provider` false, the callout's config has no
+    /// `issuer`, `audience`, `jwks_url` or `https_ca_file`: enrolled
+    /// devices only.
+    fn start_with(auto_approve: Option<&str>, identity_provider: bool) -> Fleet {
         use std::os::unix::fs::PermissionsExt;
         let idp = Idp::start();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -51,7 +60,13 @@ impl Fleet {
         if let Some(rule) = auto_approve {
             enrollment["auto_approve"] = json!(rule);
         }
-        let nats = CalloutNats::start(&idp, json!({ "enrollment": enrollment }));
+        let mut extra = json!({ "enrollment": enrollment });
+        if !identity_provider {
+            for k in ["issuer", "audience", "jwks_url", "https_ca_file"] {
+                extra[k] = serde_json::Value::Null;
+            }
+        }
+        let nats = CalloutNats::start(&idp, extra);
         Fleet {
             _idp: idp,
             nats,
@@ -248,7 +263,18 @@ fn auto_approve_admits_a_matching_device_and_decommission_removes_its_workload()
     let arch = fleet_common::validate::Arch::current()
         .expect("arch")
         .as_str();
-    let fleet = Fleet::start(Some(&format!("arch={arch}")));
+    let fleet = Fleet::start_with(Some(&format!("arch={arch}")), false);
+    fleet
+        .nats
+        .logged("no identity provider configured: admitting enrolled devices only");
+    // No identity provider: a bearer token is refused, and the log says why.
+    let token = fleet_harness::rs256(
+        &fleet._idp.keys.rsa,
+        fleet_harness::RSA_KID,
+        &fleet_harness::claims("dev-bearer", 600),
+    );
+    assert!(fleet.nats.connect_token("dev-bearer", &token).is_err());
+    fleet.nats.logged("this callout has no identity provider");
     let admin = fleet.nats.server.admin();
     put_workload(&admin, "dev-e2", "web", &quick_sleeper(&podman, "v1"));
     let dev = Device::new("dev-e2", &fleet.settings(TOKEN), Some(&podman));
@@ -281,10 +307,20 @@ fn auto_approve_admits_a_matching_device_and_decommission_removes_its_workload()
             .is_none()
             .then_some(())
     });
-    // At its next start it is told so, forgets its approval and waits; the
-    // auto-approve rule does not take it back.
-    agent.signal(Signal::TERM);
-    let _ = agent.wait_exit(Duration::from_secs(30));
+    // The running agent's reconnect lands in ENROLL, where its
+    // subscriptions are denied: it asks, is told, forgets its approval and
+    // stops with exit 24 (systemd would start it again).
+    agent.wait_for_line(
+        "dev-e2 was decommissioned: an operator must approve it again; its workloads keep running",
+        CONVERGE,
+    );
+    let exit = agent.wait_exit(Duration::from_secs(60));
+    assert_eq!(exit.code(), Some(24), "{}", agent.log());
+    assert!(!dev
+        .path("var/lib/harmony-fleet/agent/enrolled.json")
+        .exists());
+    // At its next start it is told so again and waits; the auto-approve
+    // rule does not take it back.
     let mut agent = dev.spawn(Some(&podman));
     agent.wait_for_line(
         "dev-e2 was decommissioned: an operator must approve it again",

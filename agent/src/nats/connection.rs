@@ -104,6 +104,33 @@ impl Nats {
         self.shared.state.take_server_error()
     }
 
+    /// Waits up to `timeout` for the server to deny this device a
+    /// subscription or publish (a permissions violation); true, the mark
+    /// cleared, when it has since the last call. False when closing.
+    pub fn wait_denied(&self, timeout: Duration) -> bool {
+        let state = &self.shared.state;
+        let deadline = Instant::now() + timeout;
+        let mut ev = state.events();
+        loop {
+            if ev.stop {
+                return false;
+            }
+            if ev.denied {
+                ev.denied = false;
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            ev = state
+                .wake
+                .wait_timeout(ev, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
     pub fn is_connected(&self) -> bool {
         self.shared.state.connected.load(Ordering::SeqCst)
     }

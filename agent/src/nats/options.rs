@@ -91,6 +91,8 @@ pub(super) fn options(
         log::warn!("NATS server error: {e}");
         if is_auth_message(&e) {
             s.signal(|ev| ev.refused = true);
+        } else if e.to_ascii_lowercase().contains("permissions violation") {
+            s.signal(|ev| ev.denied = true);
         }
         s.set_error(e);
     });

@@ -39,6 +39,9 @@ pub(super) struct Events {
     pub(super) lost: u64,
     /// The server refused or expired the current link's credentials.
     pub(super) refused: bool,
+    /// The server denied a subscription or publish (a permissions
+    /// violation) since [`super::Nats::wait_denied`] last looked.
+    pub(super) denied: bool,
     /// [`super::Nats::close`]: stop.
     pub(super) stop: bool,
 }
