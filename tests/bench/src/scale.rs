@@ -538,6 +538,35 @@ pub(crate) fn node_live(cluster: &NatsCluster, i: usize) -> u64 {
     stat("HeapAlloc") + stat("Stack")
 }
 
+/// The devices of `fleetctl status --json` rows not online, by state,
+/// with why presence was unknown (each reason once, at most three): empty
+/// when every device is online.
+fn not_online(rows: &[serde_json::Value]) -> String {
+    let mut by_state: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut why: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in rows.iter().filter(|r| r["connection"] != "online") {
+        let state = r["connection"].as_str().unwrap_or("none").to_owned();
+        *by_state.entry(state).or_default() += 1;
+        if let Some(w) = r["connection-unknown"].as_str() {
+            *why.entry(w.to_owned()).or_default() += 1;
+        }
+    }
+    if by_state.is_empty() {
+        return String::new();
+    }
+    let states: Vec<String> = by_state.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    let mut out = format!("; not online: {}", states.join(", "));
+    if !why.is_empty() {
+        let reasons: Vec<String> = why
+            .iter()
+            .take(3)
+            .map(|(w, n)| format!("{n} × \"{w}\""))
+            .collect();
+        out.push_str(&format!(" (unknown: {})", reasons.join("; ")));
+    }
+    out
+}
+
 /// The release `fleetctl status --json` and `fleetctl rollout` against
 /// every node of `cluster`, with `n` devices live.
 pub(crate) fn fleetctl_runs(cluster: &NatsCluster, n: usize) -> (FleetctlRun, FleetctlRun) {
@@ -561,8 +590,9 @@ pub(crate) fn fleetctl_runs(cluster: &NatsCluster, n: usize) -> (FleetctlRun, Fl
     let status = FleetctlRun {
         took,
         summary: format!(
-            "{} devices listed, {online} online (presence from the servers), {unreadable} with an unreadable value",
-            rows.len()
+            "{} devices listed, {online} online (presence from the servers){}, {unreadable} with an unreadable value",
+            rows.len(),
+            not_online(&rows)
         ),
         ok: out.status.success() && rows.len() == n && online == n && unreadable == 0,
     };
@@ -901,5 +931,20 @@ mod tests {
         assert_eq!(Processes::Auto.for_devices(100_000), 6);
         assert_eq!(Processes::Fixed(4).for_devices(10_000), 4);
         assert_eq!(Processes::Fixed(4).for_devices(2), 2);
+    }
+
+    #[test]
+    fn devices_not_online_are_counted_by_state_with_the_reasons() {
+        let rows = vec![
+            serde_json::json!({"connection": "online"}),
+            serde_json::json!({"connection": "unknown", "connection-unknown": "server leaf-3 did not answer"}),
+            serde_json::json!({"connection": "unknown", "connection-unknown": "server leaf-3 did not answer"}),
+            serde_json::json!({"connection": "offline"}),
+        ];
+        assert_eq!(
+            not_online(&rows),
+            "; not online: 1 offline, 2 unknown (unknown: 2 × \"server leaf-3 did not answer\")"
+        );
+        assert_eq!(not_online(&rows[..1]), "");
     }
 }
