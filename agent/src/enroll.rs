@@ -230,6 +230,9 @@ pub struct Recheck {
     pub shutdown: std::sync::Arc<Shutdown>,
 }
 
+/// Longest sleep of the recheck thread with nothing to check (it wakes at
+/// once on a denial, or when the connection closes).
+const RECHECK_IDLE_WAIT: Duration = Duration::from_secs(60);
 /// Least time between two checks after one that found the device approved
 /// (the denial has another cause: asking again would not change it).
 const RECHECK_AFTER_APPROVED: Duration = ENROLL_RETRY_MAX;
@@ -276,8 +279,17 @@ impl Recheck {
         let mut next = Instant::now();
         let mut due = false;
         while !self.shutdown.is_requested() {
-            if self.nats.wait_denied(Duration::from_secs(1)) {
-                due = true;
+            // Asleep until a denial (or the time to ask again): the
+            // connection's callbacks wake it.
+            let asleep = if due {
+                next.saturating_duration_since(Instant::now())
+            } else {
+                RECHECK_IDLE_WAIT
+            };
+            match self.nats.wait_denied(asleep) {
+                crate::nats::Denial::Denied => due = true,
+                crate::nats::Denial::Quiet => {}
+                crate::nats::Denial::Closing => return None,
             }
             if !due || Instant::now() < next {
                 continue;
@@ -319,7 +331,8 @@ impl Recheck {
                 }
             };
             remove_marker(&marker);
-            log::error!(device = device.as_str(), key = key; "{what}; its workloads keep running as they are; stopping, so that the next start waits for approval");
+            // The stop's own error line (`RunError::Unenrolled`) says the rest.
+            log::warn!(device = device.as_str(), key = key; "the server denied a subscription; the enrollment service says: {what}");
             notify::status(&what);
             return Some(what);
         }

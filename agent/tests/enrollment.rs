@@ -311,7 +311,7 @@ fn auto_approve_admits_a_matching_device_and_decommission_removes_its_workload()
     // subscriptions are denied: it asks, is told, forgets its approval and
     // stops with exit 24 (systemd would start it again).
     agent.wait_for_line(
-        "dev-e2 was decommissioned: an operator must approve it again; its workloads keep running",
+        "dev-e2 was decommissioned: an operator must approve it again; stopped with the workloads left running",
         CONVERGE,
     );
     let exit = agent.wait_exit(Duration::from_secs(60));

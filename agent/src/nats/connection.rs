@@ -65,6 +65,17 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(15);
 /// token request or connection attempt; process exit ends it then).
 const RENEWER_JOIN_TIMEOUT: Duration = Duration::from_millis(200);
 
+/// What [`Nats::wait_denied`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denial {
+    /// The server denied something.
+    Denied,
+    /// Nothing denied within the wait.
+    Quiet,
+    /// The connection is being closed.
+    Closing,
+}
+
 /// The connection every thread of the agent shares.
 pub struct Nats {
     shared: Arc<Shared>,
@@ -105,23 +116,23 @@ impl Nats {
     }
 
     /// Waits up to `timeout` for the server to deny this device a
-    /// subscription or publish (a permissions violation); true, the mark
-    /// cleared, when it has since the last call. False when closing.
-    pub fn wait_denied(&self, timeout: Duration) -> bool {
+    /// subscription or publish (a permissions violation) since the last
+    /// call (the mark is then cleared).
+    pub fn wait_denied(&self, timeout: Duration) -> Denial {
         let state = &self.shared.state;
         let deadline = Instant::now() + timeout;
         let mut ev = state.events();
         loop {
             if ev.stop {
-                return false;
+                return Denial::Closing;
             }
             if ev.denied {
                 ev.denied = false;
-                return true;
+                return Denial::Denied;
             }
             let now = Instant::now();
             if now >= deadline {
-                return false;
+                return Denial::Quiet;
             }
             ev = state
                 .wake

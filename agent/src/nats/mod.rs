@@ -29,7 +29,7 @@ mod renew;
 mod state;
 pub mod watch;
 
-pub use connection::{connect, Nats, NatsError};
+pub use connection::{connect, Denial, Nats, NatsError};
 pub use direct::{read_key, KeyRead};
 pub use kv::PublishError;
 pub use state::{Pings, Reconnect};
