@@ -19,7 +19,10 @@
 //!    must still hold the previous page's last id, or the server's list is
 //!    marked incomplete (never guessed over).
 //! 4. Each answer goes to [`Collector::answer`]; a server that has not
-//!    answered a page by the caller's deadline is [`Collector::timed_out`].
+//!    answered a page by the caller's deadline is [`Collector::timed_out`]:
+//!    its late pages are asked once more (a busy server's page may take
+//!    longer than one round), and a page late twice marks its list
+//!    incomplete.
 //! 5. [`Collector::finish`] gives a [`Presence`]; [`Presence::connection`]
 //!    says per device: online, offline, never seen, or unknown. A device not
 //!    found is offline only when every expected server answered completely;
@@ -392,6 +395,10 @@ impl Presence {
 struct Paging {
     /// Offsets asked and not answered.
     waiting: BTreeSet<usize>,
+    /// Offsets late once, to be asked again ([`Collector::next_pages`]).
+    again: BTreeSet<usize>,
+    /// Offsets already asked again: late twice, the list is incomplete.
+    retried: BTreeSet<usize>,
     /// Answered pages by offset: (first cid, last cid, count).
     pages: BTreeMap<usize, (u64, u64, usize)>,
     /// The largest total a page reported.
@@ -406,6 +413,8 @@ impl Paging {
     fn new() -> Self {
         Paging {
             waiting: BTreeSet::new(),
+            again: BTreeSet::new(),
+            retried: BTreeSet::new(),
             pages: BTreeMap::new(),
             total: 0,
             next: 0,
@@ -506,6 +515,15 @@ impl Collector {
         }
         for (name, p) in &mut self.servers {
             if out.iter().any(|(n, _, _)| n == name) {
+                continue;
+            }
+            // Late pages, once more, before anything new of this server.
+            if p.broken.is_none() && !p.again.is_empty() {
+                for offset in std::mem::take(&mut p.again) {
+                    p.waiting.insert(offset);
+                    p.retried.insert(offset);
+                    out.push((name.clone(), offset, page_request(offset, Some(name))));
+                }
                 continue;
             }
             if p.broken.is_some() || !p.waiting.is_empty() {
@@ -628,6 +646,14 @@ impl Collector {
             .map(|(n, _)| n.clone())
             .collect();
         for n in late {
+            if let Some(p) = self.servers.get_mut(&n) {
+                if p.waiting.iter().all(|o| !p.retried.contains(o)) {
+                    // Late once: asked again by the next `next_pages`.
+                    let late = std::mem::take(&mut p.waiting);
+                    p.again.extend(late);
+                    continue;
+                }
+            }
             if self.servers.get(&n).is_some_and(|p| p.pages.is_empty()) {
                 // Asked alone and silent: as if never heard from.
                 self.servers.remove(&n);
@@ -650,8 +676,17 @@ impl Collector {
 
     /// Checks each server's pages for gaps and gives the view.
     pub fn finish(mut self) -> Presence {
+        // Pages still late (the caller stopped before asking them again):
+        // a server heard from is incomplete, one never heard from silent.
+        self.servers.retain(|_, p| {
+            let late = !p.again.is_empty() || !p.waiting.is_empty();
+            !(late && p.pages.is_empty() && p.broken.is_none())
+        });
         let mut servers = BTreeMap::new();
         for (name, p) in &mut self.servers {
+            if p.broken.is_none() && (!p.again.is_empty() || !p.waiting.is_empty()) {
+                p.broken = Some("did not answer every page in time".to_owned());
+            }
             if p.broken.is_none() {
                 let mut prev: Option<(u64, usize)> = None; // last cid, end offset
                 let mut covered = 0usize;
@@ -1012,12 +1047,56 @@ mod tests {
         c.answer(None, &answer("n1", 1500, 0, &r));
         assert_eq!(c.next_pages().len(), 1);
         assert!(c.waiting());
+        // Late once: asked again, alone.
         c.timed_out();
+        assert!(!c.waiting());
+        let again = c.next_pages();
+        assert_eq!(
+            again
+                .iter()
+                .map(|(s, o, _)| (s.as_str(), *o))
+                .collect::<Vec<_>>(),
+            vec![("n1", PAGE_STEP)]
+        );
+        assert!(c.waiting());
+        // Late twice: incomplete.
+        c.timed_out();
+        assert!(c.next_pages().is_empty());
         let p = c.finish();
         assert_eq!(
             p.gaps(),
             vec!["server n1: did not answer every page in time".to_owned()]
         );
+    }
+
+    #[test]
+    fn a_page_late_once_and_answered_when_asked_again_completes_the_list() {
+        let conns: Vec<(u64, String)> = (0..1024u64).map(|i| (i, format!("d{i}"))).collect();
+        let r: Vec<(u64, &str)> = conns.iter().map(|(c, u)| (*c, u.as_str())).collect();
+        let mut c = Collector::new(["n1".to_owned()]);
+        c.answer(None, &answer("n1", 1100, 0, &r));
+        assert_eq!(c.next_pages().len(), 1);
+        c.timed_out();
+        assert_eq!(c.next_pages().len(), 1);
+        // The second page repeats the first's last PAGE_OVERLAP and ends
+        // with a device only it lists.
+        let mut second: Vec<(u64, String)> = (PAGE_STEP as u64..1099)
+            .map(|i| (i, format!("d{i}")))
+            .collect();
+        second.push((1099, "late".to_owned()));
+        let second: Vec<(u64, &str)> = second.iter().map(|(c, u)| (*c, u.as_str())).collect();
+        c.answer(
+            Some(("n1", PAGE_STEP)),
+            &answer("n1", 1100, PAGE_STEP, &second),
+        );
+        assert!(!c.waiting());
+        assert!(c.next_pages().is_empty());
+        let p = c.finish();
+        assert!(p.complete(), "{:?}", p.gaps());
+        assert!(matches!(
+            p.connection(&id("late"), None),
+            Connection::Online(_)
+        ));
     }
 
     #[test]
