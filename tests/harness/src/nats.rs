@@ -775,8 +775,25 @@ impl NatsCluster {
     /// exit, a start with the same config and store, then every bucket
     /// stream led and each of its replicas current again. A node that is
     /// not running (killed) is only started. Each step is bounded by
-    /// `timeout`; the error says which one did not end.
-    pub fn restart_node_lame_duck(&mut self, i: usize, timeout: Duration) -> Result<(), String> {
+    /// `timeout`; the error says which one did not end. `Ok`: how long the
+    /// replicas took to be current again, from the start.
+    pub fn restart_node_lame_duck(
+        &mut self,
+        i: usize,
+        timeout: Duration,
+    ) -> Result<Duration, String> {
+        self.restart_node_lame_duck_within(i, timeout, timeout)
+    }
+
+    /// [`restart_node_lame_duck`](Self::restart_node_lame_duck) with its own
+    /// bound on the catch-up (a node's replicas of a large fleet's buckets
+    /// take longer than its exit).
+    pub fn restart_node_lame_duck_within(
+        &mut self,
+        i: usize,
+        timeout: Duration,
+        catch_up: Duration,
+    ) -> Result<Duration, String> {
         if let Some(child) = self.nodes[i].take() {
             lame_duck_exit(child, timeout).map_err(|e| format!("node n{i} {e}"))?;
         }
@@ -791,7 +808,10 @@ impl NatsCluster {
                 return Err(format!("node n{i} failed to restart:\n{log}"))
             }
         }
-        self.wait_for_current_replicas(timeout)
+        let started = Instant::now();
+        self.wait_for_current_replicas(catch_up)
+            .map(|()| started.elapsed())
+            .map_err(|e| format!("node n{i} restarted: {e}"))
     }
 
     /// Waits until every bucket stream has a leader and every other
