@@ -27,7 +27,7 @@ use fleet_common::nkey::{NkeyKind, NkeySeed};
 use fleet_common::subjects::{
     enroll_inbox_prefix, enroll_subject, kv_subject, BUCKET_REGISTRY, BUCKET_STATUS,
 };
-use fleet_harness::{poll_until, CalloutNats, DeviceClient, Idp, Podman};
+use fleet_harness::{poll_until, CalloutNats, DeviceClient, Idp, NatsLeaf, Podman};
 use rustix::process::Signal;
 use serde_json::json;
 use tempfile::TempDir;
@@ -38,18 +38,21 @@ const WAIT: Duration = Duration::from_secs(3);
 struct Fleet {
     _idp: Idp,
     nats: CalloutNats,
+    /// A callout-layout leaf of `nats`, the devices' server when present.
+    leaf: Option<NatsLeaf>,
     dir: TempDir,
 }
 
 impl Fleet {
     fn start(auto_approve: Option<&str>) -> Fleet {
-        Self::start_with(auto_approve, true)
+        Self::start_with(auto_approve, true, false)
     }
 
     /// With `identity_provider` false, the callout's config has no
     /// `issuer`, `audience`, `jwks_url` or `https_ca_file`: enrolled
-    /// devices only.
-    fn start_with(auto_approve: Option<&str>, identity_provider: bool) -> Fleet {
+    /// devices only. With `leaf`, the server is a hub with a callout-layout
+    /// leaf, and the devices connect to the leaf.
+    fn start_with(auto_approve: Option<&str>, identity_provider: bool, leaf: bool) -> Fleet {
         use std::os::unix::fs::PermissionsExt;
         let idp = Idp::start();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -66,10 +69,17 @@ impl Fleet {
                 extra[k] = serde_json::Value::Null;
             }
         }
-        let nats = CalloutNats::start(&idp, extra);
+        let (nats, leaf) = if leaf {
+            let hub = CalloutNats::start_hub(&idp, extra);
+            let leaf = NatsLeaf::start_callout("leaf-1", &hub);
+            (hub, Some(leaf))
+        } else {
+            (CalloutNats::start(&idp, extra), None)
+        };
         Fleet {
             _idp: idp,
             nats,
+            leaf,
             dir,
         }
     }
@@ -80,7 +90,11 @@ impl Fleet {
             .path()
             .join(format!("agent-token-{}", uuid::Uuid::new_v4()));
         std::fs::write(&path, format!("{token}\n")).expect("token");
-        let mut s = Settings::new(vec![self.nats.server.url()]);
+        let server = match &self.leaf {
+            Some(leaf) => leaf.url(),
+            None => self.nats.server.url(),
+        };
+        let mut s = Settings::new(vec![server]);
         s.auth = Some(json!({"method": "enrollment", "token-file": path}));
         s
     }
@@ -263,7 +277,7 @@ fn auto_approve_admits_a_matching_device_and_decommission_removes_its_workload()
     let arch = fleet_common::validate::Arch::current()
         .expect("arch")
         .as_str();
-    let fleet = Fleet::start_with(Some(&format!("arch={arch}")), false);
+    let fleet = Fleet::start_with(Some(&format!("arch={arch}")), false, false);
     fleet
         .nats
         .logged("no identity provider configured: admitting enrolled devices only");
@@ -333,6 +347,40 @@ fn auto_approve_admits_a_matching_device_and_decommission_removes_its_workload()
         fleet.record("dev-e2").expect("record").0.state,
         RecordState::Decommissioned
     );
+    agent.signal(Signal::TERM);
+    let _ = agent.wait_exit(Duration::from_secs(30));
+}
+
+#[test]
+fn a_device_behind_a_leaf_enrolls_through_it_and_runs_its_workload() {
+    // The leaf sends the device a nonce to sign (its nonce user), places a
+    // pending device in its own ENROLL (bound to the hub's), and the
+    // approved device in DEVICES: the whole first boot through the leaf.
+    let podman = Podman::new();
+    let arch = fleet_common::validate::Arch::current()
+        .expect("arch")
+        .as_str();
+    let fleet = Fleet::start_with(Some(&format!("arch={arch}")), false, true);
+    let admin = fleet.nats.server.admin();
+    put_workload(&admin, "dev-e4", "web", &quick_sleeper(&podman, "v1"));
+    let dev = Device::new("dev-e4", &fleet.settings(TOKEN), Some(&podman));
+    let mut agent = dev.spawn(Some(&podman));
+    agent.wait_for_line(
+        "approved (the enrollment service says so)",
+        Duration::from_secs(20),
+    );
+    dev.wait_ready(&mut agent);
+    wait_running(&podman, "fleet-web", "web running", |_| true);
+    let (record, _) = fleet.record("dev-e4").expect("record");
+    assert_eq!(record.state, RecordState::Approved);
+    assert_eq!(
+        record.public_key.as_deref(),
+        Some(identity_key(&dev).as_str())
+    );
+    // Its status crossed the leaf as itself.
+    poll_until("dev-e4's workloads reported", CONVERGE, || {
+        status::<serde_json::Value>(&admin, "dev-e4", "workloads")
+    });
     agent.signal(Signal::TERM);
     let _ = agent.wait_exit(Duration::from_secs(30));
 }

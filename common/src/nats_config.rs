@@ -87,6 +87,10 @@ pub const LEAF_SYSTEM_USER: &str = "leaf-system";
 /// The user a leaf of the callout layout binds its `AUTH` account to the
 /// hub's as: its authorization requests reach the callout there.
 pub const LEAF_AUTH_USER: &str = "leaf-auth";
+/// The user a leaf of the callout layout binds its `ENROLL` account to the
+/// hub's as: a pending device's request on the leaf reaches the enrollment
+/// service there (the hub's `ENROLL` imports it from `AUTH`).
+pub const LEAF_ENROLL_USER: &str = "leaf-enroll";
 
 /// The `cluster {}` block of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,6 +237,10 @@ pub struct LeafCallout {
     /// nothing logs in as (the server requires its `auth_users` to
     /// exist): random, kept nowhere else.
     pub local_password: String,
+    /// A user nkey whose seed is never kept ([`NONCE_USER_NOTE`]): without
+    /// it the leaf sends no nonce, and a device with its own key (the
+    /// enrollment method) cannot prove it.
+    pub nonce_key: PublicNkey,
 }
 
 /// The nats-server config text of a leaf node: no JetStream; account
@@ -254,12 +262,21 @@ pub fn leaf_server_config(c: &LeafServerConfig) -> String {
     if let Some(callout) = &c.callout {
         o.extend([
             format!("  {ACCOUNT_AUTH} {{"),
+            "    users: [".to_owned(),
             format!(
-                "    users: [ {{ user: {}, password: {} }} ]",
+                "      {{ user: {}, password: {} }}",
                 quoted(CALLOUT_USER),
                 quoted(&callout.local_password)
             ),
+            format!("      # {NONCE_USER_NOTE}"),
+            format!(
+                "      {{ nkey: {}, permissions: {{ publish: {{ deny: \">\" }}, subscribe: {{ deny: \">\" }} }} }}",
+                quoted(&callout.nonce_key.encode())
+            ),
+            "    ]".to_owned(),
             "  }".to_owned(),
+            // Pending devices: their requests cross to the hub's ENROLL.
+            format!("  {ACCOUNT_ENROLL} {{ }}"),
         ]);
     }
     let devices: &[(DeviceId, String)] = if c.callout.is_some() { &[] } else { &c.devices };
@@ -279,6 +296,7 @@ pub fn leaf_server_config(c: &LeafServerConfig) -> String {
     ];
     if c.callout.is_some() {
         links.push((LEAF_AUTH_USER, ACCOUNT_AUTH));
+        links.push((LEAF_ENROLL_USER, ACCOUNT_ENROLL));
     }
     for (user, account) in links {
         let urls: Vec<String> = c
@@ -394,6 +412,7 @@ fn leafnode_listener_lines(l: &LeafnodeListener, callout: bool) -> Vec<String> {
     ];
     if callout {
         users.push((LEAF_AUTH_USER, ACCOUNT_AUTH));
+        users.push((LEAF_ENROLL_USER, ACCOUNT_ENROLL));
     }
     for (user, account) in users {
         o.push(format!(
@@ -1109,6 +1128,10 @@ mod tests {
             hub.contains(r#"      { user: "leaf-auth", password: "leafpw", account: AUTH }"#),
             "{hub}"
         );
+        assert!(
+            hub.contains(r#"      { user: "leaf-enroll", password: "leafpw", account: ENROLL }"#),
+            "{hub}"
+        );
         assert!(hub.contains(r#"to: "fleetstatus.*.>""#), "{hub}");
 
         let leaf = leaf_server_config(&LeafServerConfig {
@@ -1120,14 +1143,19 @@ mod tests {
             callout: Some(LeafCallout {
                 issuer,
                 local_password: "localpw".to_owned(),
+                nonce_key: crate::nkey::NkeySeed::generate(crate::nkey::NkeyKind::User)
+                    .expect("nkey")
+                    .public_key(),
             }),
             protocols: DeviceProtocols::Current,
         });
         for line in [
             "max_control_line: 12288",
             "  AUTH {",
-            r#"    users: [ { user: "auth-callout", password: "localpw" } ]"#,
+            r#"      { user: "auth-callout", password: "localpw" }"#,
+            "  ENROLL { }",
             r#"    { urls: [ "nats-leaf://leaf-auth:leafpw@hub:7422" ], account: AUTH }"#,
+            r#"    { urls: [ "nats-leaf://leaf-enroll:leafpw@hub:7422" ], account: ENROLL }"#,
             "  auth_callout {",
             r#"    auth_users: [ "auth-callout" ]"#,
             "    account: AUTH",
@@ -1138,7 +1166,11 @@ mod tests {
             );
         }
         // The callout issues the users: none listed, even if given.
-        assert!(!leaf.contains("permissions"), "{leaf}");
+        assert_eq!(
+            leaf.matches("permissions").count(),
+            1,
+            "the nonce user's only:\n{leaf}"
+        );
         assert!(!leaf.contains("calloutpw"), "{leaf}");
         assert_eq!(leaf.matches('{').count(), leaf.matches('}').count());
     }

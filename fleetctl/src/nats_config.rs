@@ -358,6 +358,10 @@ fn leaf_config_text(
             Some(LeafCallout {
                 issuer: issuer.clone(),
                 local_password: generate_password()?,
+                // As the hub's: a fresh key whose seed is dropped here.
+                nonce_key: NkeySeed::generate(NkeyKind::User)
+                    .map_err(NatsConfigError::Issuer)?
+                    .public_key(),
             }),
         ),
     };

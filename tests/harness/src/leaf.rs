@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use fleet_common::nats_config::{leaf_server_config, LeafCallout, LeafServerConfig};
 use fleet_common::subjects::{
     desired_doc_key, device_direct_get_subject, DeviceProtocols, ACCOUNT_AUTH, ACCOUNT_DEVICES,
-    ACCOUNT_SYSTEM, BUCKET_WORKLOADS,
+    ACCOUNT_ENROLL, ACCOUNT_SYSTEM, BUCKET_WORKLOADS,
 };
 use fleet_common::validate::DeviceId;
 use rustix::process::Signal;
@@ -112,20 +112,45 @@ impl NatsLeaf {
     /// (a [`CalloutNats::start_hub`](crate::CalloutNats::start_hub)) through
     /// the bound `AUTH` account.
     pub fn start_callout(name: &str, hub: &crate::CalloutNats) -> NatsLeaf {
-        let hubs = hub.leafnode_hubs();
+        Self::start_callout_on(name, &hub.leafnode_hubs(), &hub.issuer, None)
+    }
+
+    /// A leaf of the callout layout bound to `hubs` (a
+    /// [`CalloutCluster`](crate::CalloutCluster)'s
+    /// [`leafnode_hubs`](crate::NatsCluster::leafnode_hubs)), its clients
+    /// handed to the callout signing as `issuer`; with `lame_duck`, for
+    /// [`restart_lame_duck`](Self::restart_lame_duck).
+    pub fn start_callout_on(
+        name: &str,
+        hubs: &[String],
+        issuer: &fleet_common::nkey::PublicNkey,
+        lame_duck: Option<(Duration, Duration)>,
+    ) -> NatsLeaf {
         Self::start_inner_with(NatsVersion::V2_14, name, None, true, |port| {
-            leaf_server_config(&LeafServerConfig {
+            let mut config = leaf_server_config(&LeafServerConfig {
                 listen: SocketAddr::from(([127, 0, 0, 1], port)),
                 server_name: name.to_owned(),
-                hubs: hubs.clone(),
+                hubs: hubs.to_vec(),
                 leaf_password: LEAF_PASSWORD.to_owned(),
                 devices: Vec::new(),
                 callout: Some(LeafCallout {
-                    issuer: hub.issuer.clone(),
+                    issuer: issuer.clone(),
                     local_password: format!("{name}-unused-local-callout-pw"),
+                    nonce_key: fleet_common::nkey::NkeySeed::generate(
+                        fleet_common::nkey::NkeyKind::User,
+                    )
+                    .expect("a user nkey")
+                    .public_key(),
                 }),
                 protocols: DeviceProtocols::WithLegacy,
-            })
+            });
+            if let Some(lame_duck) = lame_duck {
+                if !config.ends_with('\n') {
+                    config.push('\n');
+                }
+                config.push_str(&lame_duck_lines(lame_duck));
+            }
+            config
         })
     }
 
@@ -165,7 +190,12 @@ impl NatsLeaf {
             config: dir.path().join("leaf.conf"),
             probe,
             links: if auth_link {
-                vec![ACCOUNT_DEVICES, ACCOUNT_SYSTEM, ACCOUNT_AUTH]
+                vec![
+                    ACCOUNT_DEVICES,
+                    ACCOUNT_SYSTEM,
+                    ACCOUNT_AUTH,
+                    ACCOUNT_ENROLL,
+                ]
             } else {
                 vec![ACCOUNT_DEVICES, ACCOUNT_SYSTEM]
             },
