@@ -67,7 +67,7 @@ Usage: fleet-bench [--only SECTION,...] [--cpu-secs N] [--download-runs N]
                    [--scale-nats 2.14,2.9] [--scale-gen 1,2] [--docs-dir DIR]
                    [--scale-steady] [--scale-processes auto|P] [--traffic-secs N]
                    [--scale-leaf-devices N] [--leaves K] [--scale-leaf-rate N]
-                   [--enrollment N]
+                   [--scale-leaf-callout] [--enrollment N]
 
 Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic,
           metrics, enrollment
@@ -75,7 +75,8 @@ Sections: sizes, device, download, fleet, rollout, cutover, scale, traffic,
           generation-2 devices on K leaf nodes of a 3-node hub;
           --scale-leaf-devices 20000 --leaves 3 --scale-leaf-rate 2000
           (devices started a second), the devices over --scale-processes
-          workers, auto: at least 2).
+          workers, auto: at least 2; --scale-leaf-callout: the callout
+          layout, every device preauthorized with its own key).
 Defaults: --cpu-secs 60 --download-runs 5 --latency-runs 9 --fleet 100,1000
           --rollout 10000 --metrics 100000 --enrollment 10000 --cutover-runs 7
           --scale 1000,10000
@@ -139,6 +140,9 @@ struct Args {
     leaves: usize,
     /// Devices the scale-leaf section starts a second.
     scale_leaf_rate: u32,
+    /// The scale-leaf section on the callout layout (preauthorized
+    /// devices with their own keys) instead of static users.
+    scale_leaf_callout: bool,
     /// The traffic section's idle window.
     traffic_window: Duration,
     /// Where the sections' pages are written.
@@ -170,6 +174,7 @@ impl Args {
             scale_leaf_devices: 20_000,
             leaves: 3,
             scale_leaf_rate: scale::START_RATE,
+            scale_leaf_callout: false,
             docs_dir: fleet_harness::workspace_root().join("docs").join("bench"),
             given: given.clone(),
         };
@@ -223,6 +228,7 @@ impl Args {
                     }
                 }
                 "--scale-steady" => a.scale_steady = true,
+                "--scale-leaf-callout" => a.scale_leaf_callout = true,
                 "--scale-leaf-devices" => a.scale_leaf_devices = number(value()?)?,
                 "--leaves" => a.leaves = number(value()?)?,
                 "--scale-leaf-rate" => {
@@ -508,6 +514,7 @@ fn run(args: &Args) -> (Results, SectionTimes) {
             args.scale_leaf_rate,
             args.scale_window,
             args.scale_processes,
+            args.scale_leaf_callout,
         ) {
             table.push(row);
         }
@@ -769,8 +776,10 @@ mod tests {
             "2",
             "--scale-leaf-rate",
             "500",
+            "--scale-leaf-callout",
         ])
         .expect("valid");
+        assert!(a.scale_leaf_callout && !parse(&[]).expect("valid").scale_leaf_callout);
         assert!(a.has("scale-leaf") && !a.has("scale"));
         assert_eq!(
             (a.scale_leaf_devices, a.leaves, a.scale_leaf_rate),

@@ -18,19 +18,28 @@
 //! Before the kills, the release `fleetctl status --json` and `fleetctl
 //! rollout` over the live fleet, timed; after them, with the killed leaf
 //! and node back, a rolling restart of every leaf in lame-duck mode.
+//!
+//! With `--scale-leaf-callout`, the same on the callout layout
+//! (docs/design/enrollment.md): the hub runs two `fleet-auth-callout`s
+//! with enrollment and no identity provider, the leaves carry no device
+//! users (their clients go to the hub's callouts), and every device is
+//! preauthorized in `fleet-registry` with its own key and logs in with it
+//! (`SimAuth::Enrollment`): each connection, the leaf kill's reconnects
+//! included, is decided by a callout reading the registry.
 
 use std::time::{Duration, Instant};
 
-use fleet_harness::{ClusterOptions, NatsCluster, NatsLeaf, NatsVersion};
+use fleet_harness::{CalloutCluster, ClusterOptions, Idp, NatsCluster, NatsLeaf, NatsVersion};
 use fleet_sim::scenario::{device_ids, FanOut, Fleet, Recovery, Simulator};
-use fleet_sim::Generation;
+use fleet_sim::{Generation, SimAuth};
 
 use crate::procfs;
 use crate::report::{Row, Verdict};
 use crate::scale::{
-    api_total, cpu_list, fleetctl_runs, gomemlimit_note, http_json, kib, mib_list, node_live,
-    node_rss, recovery_cell, short, thousands, FleetctlRun, Processes, DEVICES_PER_PROCESS,
-    FAN_OUT_TIMEOUT, LAME_DUCK, NODE_RESTART_TIMEOUT, RECOVERY_TIMEOUT, SETTLE, SNAPSHOT_TIMEOUT,
+    api_total, catch_up_bound, cpu_list, fleetctl_runs, gomemlimit_note, http_json, kib, mib_list,
+    node_live, node_rss, recovery_cell, short, thousands, FleetctlRun, Processes,
+    DEVICES_PER_PROCESS, FAN_OUT_TIMEOUT, LAME_DUCK, NODE_RESTART_TIMEOUT, RECOVERY_TIMEOUT,
+    SETTLE, SNAPSHOT_TIMEOUT,
 };
 
 /// Bound on the buckets' new leaders after the hub node's kill.
@@ -50,6 +59,10 @@ struct Measured {
     hub_live_before: Vec<u64>,
     hub_live_settled: Vec<u64>,
     sim_rss: u64,
+    /// The callouts' RSS settled (the callout layout only).
+    callout_rss: Vec<u64>,
+    /// From the first registry write to the last ack (the callout layout).
+    preauthorized_in: Option<Duration>,
     hub_cpu: Vec<f64>,
     leaf_cpu: Vec<f64>,
     api_per_sec: f64,
@@ -85,6 +98,8 @@ struct Measured {
     /// and hub node were started again.
     rolling: Recovery,
     rolling_took: Duration,
+    /// How long the killed hub node's replicas took to be current again.
+    hub_catch_up: Option<Duration>,
     rolling_failure: Option<String>,
     failure: Option<String>,
 }
@@ -96,8 +111,13 @@ pub fn leaf_rows(
     rate: u32,
     window: Duration,
     processes: Processes,
+    callout: bool,
 ) -> Vec<Row> {
-    let label = format!("scale-leaf {} on {leaves} leaves", thousands(n));
+    let label = format!(
+        "scale-leaf {} on {leaves} leaves{}",
+        thousands(n),
+        if callout { " (callout)" } else { "" }
+    );
     if leaves < 2 {
         return vec![Row::todo(
             &format!("{label}: every figure"),
@@ -130,7 +150,7 @@ pub fn leaf_rows(
             &format!("open-file limit {nofile} (could not raise it to {want})"),
         )];
     }
-    let m = measure(n, leaves, rate, p, window);
+    let m = measure(n, leaves, rate, p, window, callout);
     rows(&label, n, leaves, rate, p, window, &m)
 }
 
@@ -143,28 +163,75 @@ fn busiest_after_leaf_kill(n: usize, leaves: usize) -> usize {
     (share + taken) * 11 / 10
 }
 
-fn measure(n: usize, k: usize, rate: u32, processes: usize, window: Duration) -> Measured {
-    eprintln!("bench: scale-leaf {n} devices, {k} leaves, {processes} simulator processes");
+/// The enrollment token of the callout layout's devices.
+const ENROLLMENT_TOKEN: &str = "fleet-bench-scale-leaf-token";
+/// Callout instances of the callout layout (one queue group).
+const CALLOUTS: usize = 2;
+
+fn measure(
+    n: usize,
+    k: usize,
+    rate: u32,
+    processes: usize,
+    window: Duration,
+    callout: bool,
+) -> Measured {
+    eprintln!(
+        "bench: scale-leaf {n} devices, {k} leaves, {processes} simulator processes{}",
+        if callout { ", callout layout" } else { "" }
+    );
     let v = NatsVersion::V2_14;
     let ids = device_ids(Generation::Two, n);
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-    // The devices log in at the leaves, which check their users; the hub
-    // sees only the leaves' links, so it carries no device users (each
-    // costs a node ~14 KiB before anything connects: docs/bench/scale.md).
-    let mut cluster = NatsCluster::start_fleet_with(
-        v,
-        &[],
-        &ClusterOptions {
-            monitoring: true,
-            max_connections: Some(n + 10_000),
-            profiling: true,
-            leafnodes: true,
-            ..ClusterOptions::default()
-        },
-    );
+    // The devices log in at the leaves, which check their users (or hand
+    // them to the hub's callouts); the hub sees only the leaves' links, so
+    // it carries no device users (each costs a node ~14 KiB before
+    // anything connects: docs/bench/scale.md).
+    let options = ClusterOptions {
+        monitoring: true,
+        max_connections: Some(n + 10_000),
+        profiling: true,
+        leafnodes: true,
+        ..ClusterOptions::default()
+    };
+    let token_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let (mut static_hub, mut callout_hub, _idp) = if callout {
+        let idp = Idp::start();
+        let token = token_dir.path().join("enrollment-token");
+        write_private(&token, &format!("{ENROLLMENT_TOKEN}\n"));
+        // Enrollment alone: no identity provider in the callouts' config.
+        let mut extra = serde_json::json!({ "enrollment": { "token_files": [token] } });
+        for key in ["issuer", "audience", "jwks_url", "https_ca_file"] {
+            extra[key] = serde_json::Value::Null;
+        }
+        let hub = CalloutCluster::start(&idp, extra, CALLOUTS, options);
+        (None, Some(hub), Some(idp))
+    } else {
+        (
+            Some(NatsCluster::start_fleet_with(v, &[], &options)),
+            None,
+            None,
+        )
+    };
+    let callout_pids: Vec<u32> = callout_hub
+        .as_ref()
+        .map(|h| h.callouts.iter().map(|c| c.pid()).collect())
+        .unwrap_or_default();
+    let issuer = callout_hub.as_ref().map(|h| h.issuer.clone());
+    let cluster: &mut NatsCluster = match (&mut static_hub, &mut callout_hub) {
+        (Some(c), _) => c,
+        (None, Some(h)) => &mut h.cluster,
+        (None, None) => unreachable!("one of the two hubs is started"),
+    };
     let hubs = cluster.leafnode_hubs();
     let mut leaves: Vec<NatsLeaf> = (1..=k)
-        .map(|i| NatsLeaf::start_with_lame_duck(v, &format!("leaf-{i}"), &hubs, &refs, LAME_DUCK))
+        .map(|i| {
+            let name = format!("leaf-{i}");
+            match &issuer {
+                Some(issuer) => NatsLeaf::start_callout_on(&name, &hubs, issuer, Some(LAME_DUCK)),
+                None => NatsLeaf::start_with_lame_duck(v, &name, &hubs, &refs, LAME_DUCK),
+            }
+        })
         .collect();
     let nodes = cluster.node_count();
     let leaf_rss = |leaves: &[NatsLeaf]| -> Vec<u64> {
@@ -174,15 +241,29 @@ fn measure(n: usize, k: usize, rate: u32, processes: usize, window: Duration) ->
             .collect()
     };
     let mut m = Measured {
-        hub_rss_before: (0..nodes).map(|i| node_rss(&cluster, i)).collect(),
-        hub_live_before: (0..nodes).map(|i| node_live(&cluster, i)).collect(),
+        hub_rss_before: (0..nodes).map(|i| node_rss(cluster, i)).collect(),
+        hub_live_before: (0..nodes).map(|i| node_live(cluster, i)).collect(),
         leaf_rss_before: leaf_rss(&leaves),
         ..Measured::default()
     };
+    if callout {
+        let at = Instant::now();
+        let admin = cluster.admin();
+        if let Err(e) = fleet_sim::admin::preauthorize_all(&admin, &ids) {
+            m.failure = Some(format!("preauthorizing the devices: {e}"));
+            return m;
+        }
+        m.preauthorized_in = Some(at.elapsed());
+    }
     let servers = leaves.iter().map(NatsLeaf::client_addr).collect();
     let started = Instant::now();
     let mut fleet = Fleet::start_processes_on(servers, Generation::Two, ids, processes, |c| {
-        c.start_rate = rate
+        c.start_rate = rate;
+        if callout {
+            c.auth = SimAuth::Enrollment {
+                token: ENROLLMENT_TOKEN.to_owned(),
+            };
+        }
     });
     match fleet.wait_snapshots(started, SNAPSHOT_TIMEOUT) {
         Ok(s) => m.snapshots = s,
@@ -199,7 +280,7 @@ fn measure(n: usize, k: usize, rate: u32, processes: usize, window: Duration) ->
     let leaf_pids: Vec<u32> = leaves.iter().filter_map(NatsLeaf::pid).collect();
     let hub0: Vec<_> = hub_pids.iter().map(|p| procfs::cpu(*p)).collect();
     let leaf0: Vec<_> = leaf_pids.iter().map(|p| procfs::cpu(*p)).collect();
-    let api0 = api_total(&cluster);
+    let api0 = api_total(cluster);
     let dev_api0 = fleet.api_requests();
     std::thread::sleep(window);
     let secs = window.as_secs_f64();
@@ -214,11 +295,12 @@ fn measure(n: usize, k: usize, rate: u32, processes: usize, window: Duration) ->
     };
     m.hub_cpu = pct(&hub_pids, hub0);
     m.leaf_cpu = pct(&leaf_pids, leaf0);
-    m.api_per_sec = api_total(&cluster).saturating_sub(api0) as f64 / secs;
+    m.api_per_sec = api_total(cluster).saturating_sub(api0) as f64 / secs;
     m.device_api_per_sec = fleet.api_requests().saturating_sub(dev_api0) as f64 / secs;
-    m.hub_rss_settled = (0..nodes).map(|i| node_rss(&cluster, i)).collect();
-    m.hub_live_settled = (0..nodes).map(|i| node_live(&cluster, i)).collect();
+    m.hub_rss_settled = (0..nodes).map(|i| node_rss(cluster, i)).collect();
+    m.hub_live_settled = (0..nodes).map(|i| node_live(cluster, i)).collect();
     m.leaf_rss_settled = leaf_rss(&leaves);
+    m.callout_rss = callout_pids.iter().map(|p| procfs::rss(*p)).collect();
     m.sim_rss = match &fleet.sim {
         Simulator::Processes(multi) => multi.workers().iter().map(|(p, _)| procfs::rss(*p)).sum(),
         Simulator::One(_) => procfs::rss(std::process::id()),
@@ -234,7 +316,7 @@ fn measure(n: usize, k: usize, rate: u32, processes: usize, window: Duration) ->
     }
     drop(admin);
     // The operator's commands over the live fleet, through the hub.
-    let (status, rollout) = fleetctl_runs(&cluster, n);
+    let (status, rollout) = fleetctl_runs(cluster, n);
     m.status = Some(status);
     m.rollout = Some(rollout);
     // A leaf's loss.
@@ -279,9 +361,16 @@ fn measure(n: usize, k: usize, rate: u32, processes: usize, window: Duration) ->
         m.rolling_failure = Some(format!("restarting the killed leaf: {e}"));
         return m;
     }
-    if let Err(e) = cluster.restart_node_lame_duck(m.victim_node, NODE_RESTART_TIMEOUT) {
-        m.rolling_failure = Some(format!("restarting the killed hub node: {e}"));
-        return m;
+    match cluster.restart_node_lame_duck_within(
+        m.victim_node,
+        NODE_RESTART_TIMEOUT,
+        catch_up_bound(n),
+    ) {
+        Ok(took) => m.hub_catch_up = Some(took),
+        Err(e) => {
+            m.rolling_failure = Some(format!("restarting the killed hub node: {e}"));
+            return m;
+        }
     }
     fleet.mark_errors();
     let from = Instant::now();
@@ -300,6 +389,15 @@ fn measure(n: usize, k: usize, rate: u32, processes: usize, window: Duration) ->
     m.rolling = fleet.outages(from, until, RECOVERY_TIMEOUT);
     drop(fleet);
     m
+}
+
+/// Writes `text` to `path`, mode 0600 (the callout refuses a token file
+/// others may read).
+fn write_private(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
 }
 
 /// `3 × "connecting to …", 1 × "…"`: the three most frequent.
@@ -366,6 +464,20 @@ fn mib(b: u64) -> String {
     format!("{:.0} MiB", b as f64 / 1048576.0)
 }
 
+/// The callout layout's own figures, for the memory row's note.
+fn callout_note(m: &Measured) -> String {
+    if m.callout_rss.is_empty() {
+        return String::new();
+    }
+    format!(
+        " Callout layout: the {} fleet-auth-callout instances {} (not in the parts above); the {} devices' approved records written in {:.1} s before the start.",
+        m.callout_rss.len(),
+        mib_list(&m.callout_rss),
+        thousands(m.per_leaf_start.iter().sum()),
+        m.preauthorized_in.unwrap_or_default().as_secs_f64(),
+    )
+}
+
 fn rows(
     label: &str,
     n: usize,
@@ -423,8 +535,9 @@ fn rows(
             .ratio("—")
             .target("—", Verdict::Info)
             .note(format!(
-                "RSS in steady state: the 3 hub nodes summed, the {k} leaves summed, the {processes} fleet-sim-worker processes summed ({} per simulated device).",
-                kib(m.sim_rss as f64 / n as f64)
+                "RSS in steady state: the 3 hub nodes summed, the {k} leaves summed, the {processes} fleet-sim-worker processes summed ({} per simulated device).{}",
+                kib(m.sim_rss as f64 / n as f64),
+                callout_note(m),
             )),
         Row::new(format!("{label}: CPU settled (hub n0 / n1 / n2; leaves)"))
             .ours(format!("{}; {}", cpu_list(&m.hub_cpu), cpu_list(&m.leaf_cpu)))
@@ -542,9 +655,12 @@ fn rows(
             .ratio("—")
             .target("every outage ≤ 10 s, none lost", Verdict::from_ok(rolling_ok))
             .note(format!(
-                "After the killed leaf and hub node were started again: each leaf in turn put in lame-duck mode (SIGUSR2; `lame_duck_duration` {} s, grace {} s: no new clients, its clients closed over the duration) and started again with its links up before the next; its devices reconnect to the other leaves at random. The whole took {:.0} s. Affected = devices that lost sync during it (some more than once, as the leaf they moved to restarts later); the spread is over every outage, from the loss to a complete snapshot again. Bound {} s after the last leaf.{}",
+                "After the killed leaf and hub node were started again: each leaf in turn put in lame-duck mode (SIGUSR2; `lame_duck_duration` {} s, grace {} s: no new clients, its clients closed over the duration) and started again with its links up before the next; its devices reconnect to the other leaves at random. The killed hub node's replicas were current again {} after its start (bound {} s). The whole took {:.0} s. Affected = devices that lost sync during it (some more than once, as the leaf they moved to restarts later); the spread is over every outage, from the loss to a complete snapshot again. Bound {} s after the last leaf.{}",
                 LAME_DUCK.0.as_secs(),
                 LAME_DUCK.1.as_secs(),
+                m.hub_catch_up
+                    .map_or("—".to_owned(), |d| format!("{:.0} s", d.as_secs_f64())),
+                catch_up_bound(n).as_secs(),
                 m.rolling_took.as_secs_f64(),
                 RECOVERY_TIMEOUT.as_secs(),
                 m.rolling

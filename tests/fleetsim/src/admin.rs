@@ -6,7 +6,9 @@
 use std::time::{Duration, Instant};
 
 use fleet_common::jetstream::{PubAckResponse, HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE};
-use fleet_common::subjects::{desired_doc_key, kv_subject, BUCKET_DESIRED, BUCKET_WORKLOADS};
+use fleet_common::subjects::{
+    desired_doc_key, kv_subject, BUCKET_DESIRED, BUCKET_REGISTRY, BUCKET_WORKLOADS,
+};
 use fleet_common::validate::DeviceId;
 
 use crate::Generation;
@@ -74,6 +76,42 @@ pub fn put_desired_all(
         .enumerate()
         .map(|(i, d)| write_for(generation, d, marker, expected.get(i).copied().unwrap_or(0)))
         .collect::<Result<_, _>>()?;
+    put_all(conn, &writes)
+}
+
+/// Writes each device an `approved` record with its own key
+/// ([`crate::device_key`]) in `fleet-registry`, as `fleetctl device
+/// preauthorize` does: [`crate::SimAuth::Enrollment`] devices then connect
+/// as themselves at once.
+pub fn preauthorize_all(conn: &nats::Connection, devices: &[String]) -> Result<Written, String> {
+    use fleet_common::contracts::{DeviceRecord, RecordState};
+    let now = fleet_common::time::Timestamp::now();
+    let writes: Vec<_> = devices
+        .iter()
+        .map(|d| {
+            let id = DeviceId::parse(d).map_err(|e| e.to_string())?;
+            let record = DeviceRecord {
+                device_id: id.clone(),
+                state: RecordState::Approved,
+                public_key: Some(crate::device_key(d).public_key()),
+                facts: Default::default(),
+                requested_at: None,
+                decided_at: Some(now),
+                decided_by: Some("preauthorized".to_owned()),
+                conflict: None,
+            };
+            let value = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
+            Ok((kv_subject(BUCKET_REGISTRY, id.as_str()), value, None))
+        })
+        .collect::<Result<_, String>>()?;
+    put_all(conn, &writes)
+}
+
+/// Puts every `(subject, value, expected last sequence)`, pipelined.
+fn put_all(
+    conn: &nats::Connection,
+    writes: &[(String, Vec<u8>, Option<u64>)],
+) -> Result<Written, String> {
     let inbox = conn.new_inbox();
     let sub = conn
         .subscribe(&format!("{inbox}.*"))

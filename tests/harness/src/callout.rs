@@ -233,6 +233,8 @@ pub struct CalloutCluster {
     pub cluster: NatsCluster,
     /// The running callout instances.
     pub callouts: Vec<ChildGuard>,
+    /// The callouts' issuer: a callout-layout leaf's config names it.
+    pub issuer: PublicNkey,
     config_path: PathBuf,
     _dir: TempDir,
 }
@@ -245,7 +247,7 @@ impl CalloutCluster {
         let issuer = keygen(dir.path());
         let options = ClusterOptions {
             callout: Some(CalloutLayout {
-                issuer,
+                issuer: issuer.clone(),
                 nonce_key: nonce_key(),
                 callout_password: CALLOUT_PASSWORD.to_owned(),
             }),
@@ -259,6 +261,7 @@ impl CalloutCluster {
         CalloutCluster {
             cluster,
             callouts,
+            issuer,
             config_path,
             _dir: dir,
         }
