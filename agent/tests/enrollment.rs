@@ -27,7 +27,7 @@ use fleet_common::nkey::{NkeyKind, NkeySeed};
 use fleet_common::subjects::{
     enroll_inbox_prefix, enroll_subject, kv_subject, BUCKET_REGISTRY, BUCKET_STATUS,
 };
-use fleet_harness::{poll_until, CalloutNats, DeviceClient, Idp, NatsLeaf, Podman};
+use fleet_harness::{poll_until, CalloutNats, ChildGuard, DeviceClient, Idp, NatsLeaf, Podman};
 use rustix::process::Signal;
 use serde_json::json;
 use tempfile::TempDir;
@@ -290,17 +290,7 @@ fn auto_approve_admits_a_matching_device_and_decommission_removes_its_workload()
     assert!(fleet.nats.connect_token("dev-bearer", &token).is_err());
     fleet.nats.logged("this callout has no identity provider");
     let admin = fleet.nats.server.admin();
-    put_workload(&admin, "dev-e2", "web", &quick_sleeper(&podman, "v1"));
-    let dev = Device::new("dev-e2", &fleet.settings(TOKEN), Some(&podman));
-    let mut agent = dev.spawn(Some(&podman));
-    agent.wait_for_line(
-        "approved (the enrollment service says so)",
-        Duration::from_secs(20),
-    );
-    dev.wait_ready(&mut agent);
-    wait_running(&podman, "fleet-web", "web running", |_| true);
-    let (record, _) = fleet.record("dev-e2").expect("record");
-    assert_eq!(record.state, RecordState::Approved);
+    let (dev, mut agent, record) = fleet.auto_approved("dev-e2", &podman);
     assert_eq!(
         record.decided_by.as_deref(),
         Some(format!("auto-approve arch={arch}").as_str())
@@ -362,17 +352,7 @@ fn a_device_behind_a_leaf_enrolls_through_it_and_runs_its_workload() {
         .as_str();
     let fleet = Fleet::start_with(Some(&format!("arch={arch}")), false, true);
     let admin = fleet.nats.server.admin();
-    put_workload(&admin, "dev-e4", "web", &quick_sleeper(&podman, "v1"));
-    let dev = Device::new("dev-e4", &fleet.settings(TOKEN), Some(&podman));
-    let mut agent = dev.spawn(Some(&podman));
-    agent.wait_for_line(
-        "approved (the enrollment service says so)",
-        Duration::from_secs(20),
-    );
-    dev.wait_ready(&mut agent);
-    wait_running(&podman, "fleet-web", "web running", |_| true);
-    let (record, _) = fleet.record("dev-e4").expect("record");
-    assert_eq!(record.state, RecordState::Approved);
+    let (dev, mut agent, record) = fleet.auto_approved("dev-e4", &podman);
     assert_eq!(
         record.public_key.as_deref(),
         Some(identity_key(&dev).as_str())
@@ -383,6 +363,30 @@ fn a_device_behind_a_leaf_enrolls_through_it_and_runs_its_workload() {
     });
     agent.signal(Signal::TERM);
     let _ = agent.wait_exit(Duration::from_secs(30));
+}
+
+impl Fleet {
+    /// Device `id`'s agent started with a workload to run, approved by the
+    /// auto-approve rule, ready and running it: its record (approved).
+    fn auto_approved(&self, id: &str, podman: &Podman) -> (Device, ChildGuard, DeviceRecord) {
+        put_workload(
+            &self.nats.server.admin(),
+            id,
+            "web",
+            &quick_sleeper(podman, "v1"),
+        );
+        let dev = Device::new(id, &self.settings(TOKEN), Some(podman));
+        let mut agent = dev.spawn(Some(podman));
+        agent.wait_for_line(
+            "approved (the enrollment service says so)",
+            Duration::from_secs(20),
+        );
+        dev.wait_ready(&mut agent);
+        wait_running(podman, "fleet-web", "web running", |_| true);
+        let (record, _) = self.record(id).expect("record");
+        assert_eq!(record.state, RecordState::Approved);
+        (dev, agent, record)
+    }
 }
 
 /// Sends `body` on `key`'s enrollment subject with a reply on its inbox.
