@@ -82,6 +82,9 @@ struct Measured {
     /// The surviving leaves' warnings and errors logged so far (start and
     /// the leaf kill), most frequent first.
     leaf_log: Vec<(String, usize)>,
+    /// What the leaves and the other hub nodes logged from the hub node's
+    /// kill to the end of the fan-out after it.
+    node_log: Vec<(String, usize)>,
     victim_node: usize,
     node_leafs: Vec<u64>,
     /// From the hub node's kill to every bucket led again.
@@ -343,6 +346,7 @@ fn measure(
     fleet.mark_errors();
     let at = Instant::now();
     let lost_before = lost_sync_since(&fleet, at);
+    let logs_before = node_kill_logs(cluster, &leaves, m.victim_node);
     cluster.kill_node(m.victim_node);
     // Panics naming the stream when a bucket has no leader in time.
     cluster.wait_for_leaders(LEADERS_TIMEOUT);
@@ -350,11 +354,20 @@ fn measure(
     let admin = cluster.admin();
     match fleet.fan_out(&admin, "scale-leaf-2", FAN_OUT_TIMEOUT) {
         Ok(f) => m.node_fan_out = Some(f),
-        Err(e) => m.node_failure = Some(e),
+        Err(e) => {
+            eprintln!("bench: scale-leaf {n}: the fan-out after the hub node's kill: {e}");
+            m.node_failure = Some(e);
+        }
     }
     drop(admin);
     m.node_lost_sync = lost_sync_since(&fleet, at).saturating_sub(lost_before);
     m.node_errors = fleet.errors_after_mark();
+    m.node_log = log_warnings(
+        node_kill_logs(cluster, &leaves, m.victim_node)
+            .into_iter()
+            .zip(logs_before)
+            .map(|(now, before)| now.get(before.len()..).unwrap_or_default().to_owned()),
+    );
     // The killed leaf and hub node back, then every leaf restarted in
     // lame-duck mode, one after the other.
     if let Err(e) = leaves[m.victim_leaf].restart_lame_duck(NODE_RESTART_TIMEOUT) {
@@ -441,6 +454,20 @@ fn log_warnings(logs: impl Iterator<Item = String>) -> Vec<(String, usize)> {
     let mut v: Vec<(String, usize)> = tally.into_iter().collect();
     v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     v
+}
+
+/// The logs a hub node's loss shows in: every leaf's and the other hub
+/// nodes', in that order.
+fn node_kill_logs(cluster: &NatsCluster, leaves: &[NatsLeaf], victim: usize) -> Vec<String> {
+    leaves
+        .iter()
+        .map(NatsLeaf::log)
+        .chain(
+            (0..cluster.node_count())
+                .filter(|i| *i != victim)
+                .map(|i| cluster.node_log(i)),
+        )
+        .collect()
 }
 
 /// Devices that lost sync at or after `at`.
@@ -604,18 +631,20 @@ fn rows(
                 Verdict::from_ok(m.node_lost_sync == 0),
             )
             .note(format!(
-                "After the leaf kill: n{} (leaf connections per node {:?}) SIGKILLed; the leaves relink to the other nodes, the devices' connections stay. Every bucket had a leader again {:.1} s after the kill; then one change per device, p50/p99/max from each put to the device applying it (the whole fleet {}). Lost sync and errors count from the kill to that fan-out's end.",
+                "After the leaf kill: n{} (leaf connections per node {:?}) SIGKILLed; the leaves relink to the other nodes, the devices' connections stay. Every bucket had a leader again {:.1} s after the kill; then one change per device, p50/p99/max from each put to the device applying it (the whole fleet {}). Lost sync and errors count from the kill to that fan-out's end. The leaves and the other hub nodes logged over it: {}.",
                 m.victim_node,
                 m.node_leafs,
                 m.leaders_after.as_secs_f64(),
-                f.whole.cell()
+                f.whole.cell(),
+                error_list(&m.node_log)
             )),
         (e, _) => Row::todo(
             &node.figure,
             "no device loses sync",
             &format!(
-                "not done: {}",
-                short(e.as_deref().unwrap_or("no fan-out after the kill"))
+                "not done: {}. The leaves and the other hub nodes logged from the kill: {}.",
+                short(e.as_deref().unwrap_or("no fan-out after the kill")),
+                error_list(&m.node_log)
             ),
         ),
     });

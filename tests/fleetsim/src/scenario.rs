@@ -253,11 +253,21 @@ impl Fleet {
                 d.last_error
             )
         });
+        let mut by_server: std::collections::BTreeMap<String, usize> = Default::default();
+        for (_, d) in &bad {
+            let at = d.server.map_or("none".to_owned(), |s| s.to_string());
+            *by_server.entry(at).or_default() += 1;
+        }
+        let by_server: Vec<String> = by_server
+            .iter()
+            .map(|(s, c)| format!("{c} on server {s}"))
+            .collect();
         format!(
-            "{}: {} of {} devices with {what}; first: {}",
+            "{}: {} of {} devices with {what} ({}); first: {}",
             self.generation.label(),
             bad.len(),
             recs.len(),
+            by_server.join(", "),
             first.unwrap_or_default()
         )
     }

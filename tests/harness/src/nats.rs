@@ -758,6 +758,15 @@ impl NatsCluster {
         self.nodes.get(i)?.as_ref().map(ChildGuard::pid)
     }
 
+    /// Node `i`'s log so far (empty while it is not running).
+    pub fn node_log(&self, i: usize) -> String {
+        self.nodes
+            .get(i)
+            .and_then(Option::as_ref)
+            .map(ChildGuard::log)
+            .unwrap_or_default()
+    }
+
     /// Nodes in the cluster (3).
     pub fn node_count(&self) -> usize {
         self.nodes.len()
