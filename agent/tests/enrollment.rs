@@ -13,7 +13,9 @@
 //! it from its denied reconnect, forgets its approval and stops (exit 24),
 //! and its next start waits; a pending device reaches nothing but its own request and answer;
 //! a wrong token, a forged signature, an unsafe id and another device's id
-//! are refused, and the conflict is kept for the operator.
+//! are refused, and the conflict is kept for the operator; a flood fills
+//! the lobby and no more, a decision frees a place, and a callout without
+//! a lobby falls back to its own rate, saying so.
 //! (nats-server 2.9 has no auth callout: enrollment needs 2.10 or later,
 //! `docs/design/enrollment.md`.)
 
@@ -25,7 +27,7 @@ use common::*;
 use fleet_common::contracts::{AnswerState, DeviceRecord, EnrollAnswer, RecordState};
 use fleet_common::nkey::{NkeyKind, NkeySeed};
 use fleet_common::subjects::{
-    enroll_inbox_prefix, enroll_subject, kv_subject, BUCKET_REGISTRY, BUCKET_STATUS,
+    enroll_inbox_prefix, enroll_subject, kv_subject, BUCKET_LOBBY, BUCKET_REGISTRY, BUCKET_STATUS,
 };
 use fleet_harness::{poll_until, CalloutNats, ChildGuard, DeviceClient, Idp, NatsLeaf, Podman};
 use rustix::process::Signal;
@@ -515,4 +517,113 @@ fn a_pending_device_reaches_only_its_own_request_and_bad_ones_are_refused() {
         .nats
         .logged("nkey signature of the nonce: does not verify");
     let _ = admin;
+}
+
+/// Sets the lobby stream's `max_msgs` (its places) as an operator would.
+fn set_lobby_places(admin: &nats::Connection, places: i64) {
+    use fleet_common::nats_config::{stream_info_subject, stream_update_subject};
+    let info = admin
+        .request_timeout(&stream_info_subject(BUCKET_LOBBY), b"", WAIT)
+        .expect("lobby stream info");
+    let mut v: serde_json::Value = serde_json::from_slice(&info.data).expect("json");
+    v["config"]["max_msgs"] = json!(places);
+    let r = admin
+        .request_timeout(
+            &stream_update_subject(BUCKET_LOBBY),
+            v["config"].to_string(),
+            WAIT,
+        )
+        .expect("lobby stream update");
+    let r: serde_json::Value = serde_json::from_slice(&r.data).expect("json");
+    assert!(r.get("error").is_none(), "lobby update refused: {r}");
+}
+
+#[test]
+fn a_flood_of_new_devices_fills_the_lobby_and_a_decision_frees_a_place() {
+    let fleet = Fleet::start(None);
+    let admin = fleet.nats.server.admin();
+    set_lobby_places(&admin, 2);
+    let lobby = bucket(&admin, BUCKET_LOBBY);
+    let devices: Vec<(String, NkeySeed)> = (0..3)
+        .map(|i| {
+            (
+                format!("dev-f{i}"),
+                NkeySeed::generate(NkeyKind::User).expect("seed"),
+            )
+        })
+        .collect();
+    let ask_as = |(id, seed): &(String, NkeySeed)| {
+        let key = seed.public_key().encode();
+        let c = fleet
+            .nats
+            .connect_nkey(id, seed, Some(TOKEN))
+            .unwrap_or_else(|e| panic!("{id} refused: {e}\n{}", fleet.nats.logs()));
+        let body = json!({"device-id": id, "public-key": key, "facts": {"arch": "arm64"}});
+        ask(&c, &key, &body).expect("an answer")
+    };
+
+    // Two places: two devices wait, the third is turned away unrecorded.
+    for d in &devices[..2] {
+        let a = ask_as(d);
+        assert_eq!(a.state, AnswerState::Pending, "{a:?}");
+        assert!(lobby.entry(&d.0).expect("lobby read").is_some(), "ticket");
+    }
+    let a = ask_as(&devices[2]);
+    assert_eq!(a.state, AnswerState::SlowDown, "{a:?}");
+    assert!(
+        a.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("the lobby is full"),
+        "{a:?}"
+    );
+    assert!(fleet.record("dev-f2").is_none(), "nothing written");
+    let (code, out) = fleet.fleetctl(&["device", "pending"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("lobby: 2 of 2 places taken: full"),
+        "the operator sees the lobby full: {out}"
+    );
+
+    // Rejecting one frees its place, leaving no marker behind; the turned
+    // away device gets in on its next request.
+    let (code, out) = fleet.fleetctl(&["device", "reject", "dev-f0"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("lobby: 1 of 2 places taken (1 freed now)"),
+        "{out}"
+    );
+    assert!(lobby.entry("dev-f0").expect("lobby read").is_none());
+    // Its key's requests are rate-limited: the next one after the interval.
+    std::thread::sleep(fleet_common::limits::ENROLL_MIN_REQUEST_INTERVAL);
+    let a = ask_as(&devices[2]);
+    assert_eq!(a.state, AnswerState::Pending, "{a:?}");
+    assert_eq!(
+        fleet.record("dev-f2").expect("recorded").0.state,
+        RecordState::Pending
+    );
+
+    // Without a lobby (buckets or a server config from before it), the
+    // callout says so once and falls back to its own rate.
+    let r = admin
+        .request_timeout(
+            &format!(
+                "$JS.API.STREAM.DELETE.{}",
+                fleet_common::subjects::stream_name(BUCKET_LOBBY)
+            ),
+            b"",
+            WAIT,
+        )
+        .expect("delete the lobby");
+    assert!(String::from_utf8_lossy(&r.data).contains("\"success\":true"));
+    let late = (
+        "dev-f3".to_owned(),
+        NkeySeed::generate(NkeyKind::User).expect("seed"),
+    );
+    let a = ask_as(&late);
+    assert_eq!(a.state, AnswerState::Pending, "{a:?}");
+    fleet.nats.logged("no lobby (fleet-lobby");
+    let (code, out) = fleet.fleetctl(&["device", "pending"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("lobby: not swept"), "{out}");
 }

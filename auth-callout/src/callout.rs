@@ -436,8 +436,9 @@ impl Callout {
 
 /// Puts an identity-provider device the registry does not know in the
 /// lobby: a pending record by id, no key, the token's subject as its one
-/// fact. Created only if still absent; a failure is logged and changes
-/// nothing (the device is refused either way and asks again).
+/// fact, after a lobby ticket (a full lobby: nothing written). Created
+/// only if still absent; a failure is logged and changes nothing (the
+/// device is refused either way and asks again).
 fn knock(registry: &dyn Registry, device: &DeviceId, subject: Option<&str>) {
     let mut facts = std::collections::BTreeMap::new();
     if let Some(sub) = subject {
@@ -461,6 +462,18 @@ fn knock(registry: &dyn Registry, device: &DeviceId, subject: Option<&str>) {
         decided_by: None,
         conflict: None,
     };
+    match registry.take_ticket(device, Timestamp::now()) {
+        Ok(crate::registry::Ticket::Held) => {}
+        Ok(crate::registry::Ticket::Full) => {
+            log::warn!(device = device.as_str(); "identity-provider device {device} is not recorded as pending: {}", crate::enroll::lobby_full().reason.unwrap_or_default());
+            return;
+        }
+        Ok(crate::registry::Ticket::NoLobby(why)) => crate::registry::warn_no_lobby(&why),
+        Err(e) => {
+            log::warn!(device = device.as_str(); "cannot record {device} as pending: {e}");
+            return;
+        }
+    }
     match registry.write(&record, 0) {
         Ok(_) => {
             log::info!(device = device.as_str(); "identity-provider device {device} is waiting for approval: fleetctl device approve {device}")

@@ -11,7 +11,7 @@
 //!
 //! | record | answer, write |
 //! |---|---|
-//! | none | auto-approve rule matches: `approved`, record approved; else `pending`, record pending (at most [`ENROLL_NEW_PENDING_PER_MINUTE`] new ones a minute) |
+//! | none | auto-approve rule matches: `approved`, record approved; else `pending`, a lobby ticket taken and the record pending (at most [`ENROLL_NEW_PENDING_PER_MINUTE`] new ones a minute per instance; a full lobby, [`MAX_PENDING_DEVICES`] tickets: `slow-down`, nothing written) |
 //! | another key | `rejected`, the conflict kept on the record for the operator |
 //! | pending | auto-approve rule matches now: `approved`, record approved; else `pending` |
 //! | approved | `approved` |
@@ -31,12 +31,13 @@ use fleet_common::contracts::{
 };
 use fleet_common::limits::{
     ENROLL_MIN_REQUEST_INTERVAL, ENROLL_NEW_PENDING_PER_MINUTE, ENROLL_RETRY_FIRST,
+    MAX_PENDING_DEVICES,
 };
 use fleet_common::selector::Selector;
 use fleet_common::subjects::ENROLL_PREFIX;
 use fleet_common::time::Timestamp;
 
-use crate::registry::{Registry, RegistryError};
+use crate::registry::{warn_no_lobby, Registry, RegistryError, Ticket};
 
 /// Keys remembered for the per-key rate limit; past it the oldest half is
 /// forgotten (a flood of fresh keys costs bounded memory).
@@ -162,6 +163,11 @@ impl Enrollment {
                             approved(),
                         )
                     } else if self.new_pending.take(now) {
+                        match registry.take_ticket(&request.device_id, at)? {
+                            Ticket::Held => {}
+                            Ticket::Full => return Ok((lobby_full(), None)),
+                            Ticket::NoLobby(why) => warn_no_lobby(&why),
+                        }
                         (Some(new_record(request, at)), pending())
                     } else {
                         return Ok((slow_down(Duration::from_secs(60)), None));
@@ -338,6 +344,17 @@ fn slow_down(after: Duration) -> EnrollAnswer {
     }
 }
 
+/// The answer while every place in the lobby is taken.
+pub fn lobby_full() -> EnrollAnswer {
+    EnrollAnswer {
+        state: AnswerState::SlowDown,
+        reason: Some(format!(
+            "the lobby is full: {MAX_PENDING_DEVICES} devices wait for an operator's decision (fleetctl device pending)"
+        )),
+        retry_after_secs: Some(60),
+    }
+}
+
 fn unavailable(e: &RegistryError) -> EnrollAnswer {
     EnrollAnswer {
         state: AnswerState::SlowDown,
@@ -434,6 +451,53 @@ mod tests {
         );
         assert_eq!(
             ask(&e, &reg, &b, &req("dev-b", &b, "x86_64"), now),
+            (AnswerState::Pending, Some(RecordState::Pending))
+        );
+    }
+
+    #[test]
+    fn a_full_lobby_turns_new_devices_away_and_a_freed_place_admits_one() {
+        let e = Enrollment::new(Some(Selector::parse("arch=arm64").expect("selector")));
+        let reg = MemRegistry::with_lobby(2);
+        let keys: Vec<String> = (0..4)
+            .map(|_| nkeys::KeyPair::new_user().public_key())
+            .collect();
+        let now = Instant::now();
+        let asked: Vec<_> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| ask(&e, &reg, k, &req(&format!("dev-{i}"), k, "x86_64"), now))
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                (AnswerState::Pending, Some(RecordState::Pending)),
+                (AnswerState::Pending, Some(RecordState::Pending)),
+                (AnswerState::SlowDown, None),
+                (AnswerState::SlowDown, None),
+            ]
+        );
+        assert_eq!(
+            reg.records.lock().expect("lock").len(),
+            2,
+            "nothing written"
+        );
+        // A device the rule approves takes no place.
+        let k = nkeys::KeyPair::new_user().public_key();
+        assert_eq!(
+            ask(&e, &reg, &k, &req("dev-arm", &k, "arm64"), now),
+            (AnswerState::Approved, Some(RecordState::Approved))
+        );
+        // A pending device asking again keeps its place; a freed place
+        // (the operator decided dev-0) admits the next.
+        let later = now + ENROLL_MIN_REQUEST_INTERVAL;
+        assert_eq!(
+            ask(&e, &reg, &keys[1], &req("dev-1", &keys[1], "x86_64"), later),
+            (AnswerState::Pending, None)
+        );
+        reg.tickets.lock().expect("lock").remove("dev-0");
+        assert_eq!(
+            ask(&e, &reg, &keys[2], &req("dev-2", &keys[2], "x86_64"), later),
             (AnswerState::Pending, Some(RecordState::Pending))
         );
     }

@@ -9,13 +9,14 @@
 use std::fmt;
 use std::time::Duration;
 
-use fleet_common::contracts::DeviceRecord;
+use fleet_common::contracts::{DeviceRecord, LobbyTicket};
 use fleet_common::jetstream::{
     KeyVersion, PubAckResponse, ERR_WRONG_LAST_SEQUENCE, HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE,
-    HEADER_STATUS,
+    HEADER_STATUS, MAX_MSGS_EXCEEDED,
 };
 use fleet_common::limits::{REGISTRY_READ_TIMEOUT, REGISTRY_WRITE_TIMEOUT};
-use fleet_common::subjects::{direct_get_subject, kv_subject, BUCKET_REGISTRY};
+use fleet_common::subjects::{direct_get_subject, kv_subject, BUCKET_LOBBY, BUCKET_REGISTRY};
+use fleet_common::time::Timestamp;
 use fleet_common::validate::DeviceId;
 
 /// A record and the revision (stream sequence) it was read at; 0: absent.
@@ -51,11 +52,38 @@ impl fmt::Display for RegistryError {
 
 impl std::error::Error for RegistryError {}
 
+/// The lobby's answer to a device about to be recorded pending
+/// (`fleet-lobby`, [`BUCKET_LOBBY`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ticket {
+    /// The device holds a place: taken now, or already (a retry after a
+    /// lost write).
+    Held,
+    /// Every place is taken: no new pending record may be written.
+    Full,
+    /// No lobby answered (its bucket, or the server config's import of it,
+    /// predates it): the per-instance rate is the only bound.
+    NoLobby(String),
+}
+
+/// Logs, once per process, that there is no lobby to bound the pending
+/// list by.
+pub fn warn_no_lobby(why: &str) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::warn!(
+            "no lobby ({BUCKET_LOBBY}: {why}): the pending list is bounded only by each instance's rate of new pending records; run `fleetctl buckets create` and regenerate the server config with `fleetctl nats-config` to bound it"
+        );
+    }
+}
+
 /// Reads and writes of registry records.
 pub trait Registry: Send + Sync {
     fn read(&self, device: &DeviceId) -> Result<Read, RegistryError>;
     /// Writes `record` if the key is still at `revision` (0: absent).
     fn write(&self, record: &DeviceRecord, revision: u64) -> Result<u64, RegistryError>;
+    /// Takes a place in the lobby for `device` (created only if absent).
+    fn take_ticket(&self, device: &DeviceId, at: Timestamp) -> Result<Ticket, RegistryError>;
 }
 
 /// The registry over the callout's NATS connection in `AUTH`.
@@ -76,9 +104,19 @@ impl NatsRegistry {
         body: &[u8],
         timeout: Duration,
     ) -> Result<nats::Message, RegistryError> {
+        self.request_raw(subject, headers, body, timeout)
+            .map_err(|e| RegistryError::Unavailable(e.to_string()))
+    }
+
+    fn request_raw(
+        &self,
+        subject: &str,
+        headers: Option<&nats::header::HeaderMap>,
+        body: &[u8],
+        timeout: Duration,
+    ) -> std::io::Result<nats::Message> {
         self.nc
             .request_with_headers_or_timeout(subject, headers, Some(timeout), body)
-            .map_err(|e| RegistryError::Unavailable(e.to_string()))
     }
 }
 
@@ -135,6 +173,30 @@ impl Registry for NatsRegistry {
             (None, None) => Err(RegistryError::Bad("an ack without a sequence".to_owned())),
         }
     }
+
+    fn take_ticket(&self, device: &DeviceId, at: Timestamp) -> Result<Ticket, RegistryError> {
+        let body = serde_json::to_vec(&LobbyTicket { requested_at: at })
+            .map_err(|e| RegistryError::Bad(e.to_string()))?;
+        let mut headers = nats::header::HeaderMap::new();
+        headers.insert(HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE, "0".to_owned());
+        let subject = kv_subject(BUCKET_LOBBY, device.as_str());
+        let m = match self.request_raw(&subject, Some(&headers), &body, REGISTRY_WRITE_TIMEOUT) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Ticket::NoLobby(e.to_string()))
+            }
+            Err(e) => return Err(RegistryError::Unavailable(e.to_string())),
+        };
+        let ack: PubAckResponse =
+            serde_json::from_slice(&m.data).map_err(|e| RegistryError::Bad(e.to_string()))?;
+        match (ack.error, ack.seq) {
+            (Some(e), _) if e.best_code() == ERR_WRONG_LAST_SEQUENCE => Ok(Ticket::Held),
+            (Some(e), _) if e.description.contains(MAX_MSGS_EXCEEDED) => Ok(Ticket::Full),
+            (Some(e), _) => Err(RegistryError::Unavailable(e.description)),
+            (None, Some(_)) => Ok(Ticket::Held),
+            (None, None) => Err(RegistryError::Bad("an ack without a sequence".to_owned())),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -149,6 +211,19 @@ pub mod tests {
         pub records: Mutex<HashMap<String, (DeviceRecord, u64)>>,
         pub seq: Mutex<u64>,
         pub down: std::sync::atomic::AtomicBool,
+        /// Lobby tickets held, and how many the lobby takes (`None`: no
+        /// lobby at all).
+        pub tickets: Mutex<std::collections::BTreeSet<String>>,
+        pub lobby_places: Option<usize>,
+    }
+
+    impl MemRegistry {
+        pub fn with_lobby(places: usize) -> Self {
+            Self {
+                lobby_places: Some(places),
+                ..Self::default()
+            }
+        }
     }
 
     impl Registry for MemRegistry {
@@ -178,6 +253,20 @@ pub mod tests {
             *seq += 1;
             r.insert(record.device_id.to_string(), (record.clone(), *seq));
             Ok(*seq)
+        }
+        fn take_ticket(&self, device: &DeviceId, _at: Timestamp) -> Result<Ticket, RegistryError> {
+            let Some(places) = self.lobby_places else {
+                return Ok(Ticket::NoLobby("no responders".to_owned()));
+            };
+            let mut t = self.tickets.lock().expect("lock");
+            if t.contains(device.as_str()) {
+                return Ok(Ticket::Held);
+            }
+            if t.len() >= places {
+                return Ok(Ticket::Full);
+            }
+            t.insert(device.to_string());
+            Ok(Ticket::Held)
         }
     }
 }

@@ -17,6 +17,9 @@ pub const HEADER_STATUS: &str = "Status";
 pub const HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
 /// JetStream's error code for a failed expected-last-sequence check.
 pub const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
+/// The description of a write refused by a full `discard: new` stream
+/// (nats-server 2.9 and 2.14 alike).
+pub const MAX_MSGS_EXCEEDED: &str = "maximum messages exceeded";
 
 /// Headers of a republished key change and of a Direct Get answer: the
 /// stream sequence of this value, the previous sequence of the same subject

@@ -239,6 +239,16 @@ pub const ENROLL_MIN_REQUEST_INTERVAL: Duration = Duration::from_secs(2);
 /// New pending records one enrollment service instance writes per minute
 /// at most (a leaked enrollment token cannot fill the registry faster).
 pub const ENROLL_NEW_PENDING_PER_MINUTE: u32 = 1200;
+/// Devices waiting for a decision, cluster-wide: the lobby bucket's
+/// `max_msgs` (one ticket per pending record, new ones refused beyond).
+/// An operator reviews a lobby this size with selectors; a leaked token
+/// fills it and no more, and devices beyond are told `slow-down`.
+pub const MAX_PENDING_DEVICES: u64 = 10_000;
+/// The largest lobby ticket (a `{"requested-at": ...}` of some 50 bytes).
+pub const LOBBY_TICKET_BYTES: usize = 256;
+/// A lobby ticket whose device has no record this long after it was taken
+/// (the writer died between the two writes) is freed by fleetctl.
+pub const LOBBY_ORPHAN_AFTER: Duration = Duration::from_secs(600);
 /// The agent's first and longest wait between enrollment requests.
 pub const ENROLL_RETRY_FIRST: Duration = Duration::from_secs(5);
 pub const ENROLL_RETRY_MAX: Duration = Duration::from_secs(300);

@@ -30,15 +30,19 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::limits::MAX_DESIRED_DOC_BYTES;
-use crate::limits::{MAX_KV_VALUE_BYTES, NATS_AUTH_CALLOUT_TIMEOUT, NATS_MAX_CONTROL_LINE_BYTES};
+use crate::limits::{
+    LOBBY_TICKET_BYTES, MAX_KV_VALUE_BYTES, MAX_PENDING_DEVICES, NATS_AUTH_CALLOUT_TIMEOUT,
+    NATS_MAX_CONTROL_LINE_BYTES,
+};
 use crate::nkey::PublicNkey;
 use crate::subjects::{
     account_service_exports, account_stream_exports, device_permissions, enroll_subjects,
     kv_subject, leaf_device_permissions, leaf_status_import, leaf_status_mapping,
     registry_service_exports, republish_config, stream_name, DeviceProtocols, ACCOUNT_AUTH,
     ACCOUNT_DEVICES, ACCOUNT_ENROLL, ACCOUNT_FLEET, ACCOUNT_SYSTEM, BUCKET_CONTROL, BUCKET_DESIRED,
-    BUCKET_OPERATOR, BUCKET_REGISTRY, BUCKET_STATUS, BUCKET_WORKLOADS, PRESENCE_CONNZ,
-    PRESENCE_EVENTS_PREFIX, PRESENCE_KICK, SYS_DEVICES_CONNZ, SYS_DEVICES_EVENTS, SYS_SERVER_KICK,
+    BUCKET_LOBBY, BUCKET_OPERATOR, BUCKET_REGISTRY, BUCKET_STATUS, BUCKET_WORKLOADS,
+    PRESENCE_CONNZ, PRESENCE_EVENTS_PREFIX, PRESENCE_KICK, SYS_DEVICES_CONNZ, SYS_DEVICES_EVENTS,
+    SYS_SERVER_KICK,
 };
 use crate::validate::DeviceId;
 
@@ -713,19 +717,24 @@ pub struct BucketSpec {
     /// Whether every key change is republished to `fleetkv.<bucket>.<key>`
     /// (the buckets generation-2 devices read).
     pub republish: bool,
+    /// Most keys (the stream's `max_msgs`, new ones refused beyond), or
+    /// `None` for no bound.
+    pub max_keys: Option<u64>,
 }
 
 /// The buckets of the fleet (`docs/design/protocol.md` "Buckets and keys").
 /// `fleet-desired` serves generation-1 agents until it is retired;
 /// `fleet-operator` holds what only the operator reads (labels, staged
-/// rollouts).
-pub const FLEET_BUCKETS: [BucketSpec; 6] = [
+/// rollouts); `fleet-registry` and `fleet-lobby` are enrollment's
+/// (`docs/design/enrollment.md`).
+pub const FLEET_BUCKETS: [BucketSpec; 7] = [
     BucketSpec {
         bucket: BUCKET_WORKLOADS,
         history: 1,
         allow_rollup: true,
         max_value_bytes: Some(MAX_DESIRED_DOC_BYTES),
         republish: true,
+        max_keys: None,
     },
     BucketSpec {
         bucket: BUCKET_CONTROL,
@@ -734,6 +743,7 @@ pub const FLEET_BUCKETS: [BucketSpec; 6] = [
         allow_rollup: true,
         max_value_bytes: Some(MAX_KV_VALUE_BYTES),
         republish: true,
+        max_keys: None,
     },
     BucketSpec {
         bucket: BUCKET_STATUS,
@@ -741,6 +751,7 @@ pub const FLEET_BUCKETS: [BucketSpec; 6] = [
         allow_rollup: false,
         max_value_bytes: None,
         republish: false,
+        max_keys: None,
     },
     BucketSpec {
         bucket: BUCKET_DESIRED,
@@ -748,6 +759,7 @@ pub const FLEET_BUCKETS: [BucketSpec; 6] = [
         allow_rollup: true,
         max_value_bytes: Some(MAX_KV_VALUE_BYTES),
         republish: false,
+        max_keys: None,
     },
     BucketSpec {
         bucket: BUCKET_REGISTRY,
@@ -756,6 +768,7 @@ pub const FLEET_BUCKETS: [BucketSpec; 6] = [
         allow_rollup: false,
         max_value_bytes: Some(MAX_KV_VALUE_BYTES),
         republish: false,
+        max_keys: None,
     },
     BucketSpec {
         bucket: BUCKET_OPERATOR,
@@ -764,6 +777,15 @@ pub const FLEET_BUCKETS: [BucketSpec; 6] = [
         // A rollout's state lists its devices: up to the server's max_payload.
         max_value_bytes: None,
         republish: false,
+        max_keys: None,
+    },
+    BucketSpec {
+        bucket: BUCKET_LOBBY,
+        history: 1,
+        allow_rollup: false,
+        max_value_bytes: Some(LOBBY_TICKET_BYTES),
+        republish: false,
+        max_keys: Some(MAX_PENDING_DEVICES),
     },
 ];
 
@@ -793,7 +815,7 @@ pub fn kv_stream_config(spec: &BucketSpec, replicas: u8) -> serde_json::Value {
         "subjects": [kv_subject(spec.bucket, ">")],
         "retention": "limits",
         "max_consumers": -1,
-        "max_msgs": -1,
+        "max_msgs": spec.max_keys.map_or(-1, |n| n as i64),
         "max_bytes": -1,
         "max_age": 0,
         "max_msgs_per_subject": spec.history,
@@ -964,6 +986,8 @@ mod tests {
             r#"    exports: [ { service: "fleetenroll.key.*", accounts: [ENROLL] } ]"#,
             r#"      { service: { account: FLEET, subject: "$KV.fleet-registry.>" } }"#,
             r#"      { service: "$KV.fleet-registry.>", accounts: [AUTH] }"#,
+            r#"      { service: { account: FLEET, subject: "$KV.fleet-lobby.>" } }"#,
+            r#"      { service: "$KV.fleet-lobby.>", accounts: [AUTH] }"#,
             "  ENROLL {",
             r#"    imports: [ { service: { account: AUTH, subject: "fleetenroll.key.*" } } ]"#,
             "  DEVICES {",
@@ -993,8 +1017,8 @@ mod tests {
         assert_eq!(text.matches("accounts: [DEVICES]").count(), 9);
         assert_eq!(
             text.matches("{ account: FLEET").count(),
-            11,
-            "two of them the registry, imported by AUTH"
+            12,
+            "three of them the registry and the lobby, imported by AUTH"
         );
         assert_eq!(text.matches('{').count(), text.matches('}').count());
         assert_eq!(text.matches('[').count(), text.matches(']').count());
@@ -1188,8 +1212,16 @@ mod tests {
 
     #[test]
     fn status_stream_refuses_rollups_and_others_keep_kv_shape() {
-        let [workloads, control, status, desired, registry, operator] = FLEET_BUCKETS;
+        let [workloads, control, status, desired, registry, operator, lobby] = FLEET_BUCKETS;
         assert_eq!(registry.bucket, BUCKET_REGISTRY);
+        assert_eq!(kv_stream_config(&registry, 3)["max_msgs"], -1);
+        // The lobby holds at most so many tickets and refuses new ones.
+        let l = kv_stream_config(&lobby, 3);
+        assert_eq!(l["name"], "KV_fleet-lobby");
+        assert_eq!(l["max_msgs"], MAX_PENDING_DEVICES as i64);
+        assert_eq!(l["max_msgs_per_subject"], 1);
+        assert_eq!(l["discard"], "new");
+        assert_eq!(l["deny_purge"], false, "fleetctl frees tickets by purging");
         let o = kv_stream_config(&operator, 1);
         assert_eq!(o["name"], "KV_fleet-operator");
         assert!(o.get("republish").is_none(), "{o}");

@@ -236,6 +236,13 @@ pub fn device_read_keys(device: &DeviceId) -> [(&'static str, String); 2] {
 /// (`docs/design/enrollment.md`). Written by fleetctl and the enrollment
 /// service; read by the auth callout; never by a device.
 pub const BUCKET_REGISTRY: &str = "fleet-registry";
+/// The lobby: key `<device>` → [`LobbyTicket`](crate::contracts::LobbyTicket),
+/// one per device whose pending record the enrollment service or the
+/// callout wrote. Its stream holds at most
+/// [`MAX_PENDING_DEVICES`](crate::limits::MAX_PENDING_DEVICES) keys and
+/// refuses new ones beyond: the bound on the pending list, cluster-wide.
+/// fleetctl frees a ticket when its device is decided (a filtered purge).
+pub const BUCKET_LOBBY: &str = "fleet-lobby";
 /// The account of devices not yet approved: they can publish their own
 /// enrollment request and read its answer, nothing else.
 pub const ACCOUNT_ENROLL: &str = "ENROLL";
@@ -268,11 +275,13 @@ pub fn enroll_permissions(key: &str) -> DevicePermissions {
 }
 
 /// What `FLEET` exports to `AUTH` for the callout and the enrollment
-/// service: Direct Get of registry records, and writes to them.
-pub fn registry_service_exports() -> [String; 2] {
+/// service: Direct Get of registry records, writes to them, and writes of
+/// lobby tickets.
+pub fn registry_service_exports() -> [String; 3] {
     [
         format!("$JS.API.DIRECT.GET.{}.>", stream_name(BUCKET_REGISTRY)),
         kv_subject(BUCKET_REGISTRY, ">"),
+        kv_subject(BUCKET_LOBBY, ">"),
     ]
 }
 

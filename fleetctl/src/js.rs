@@ -14,6 +14,9 @@
 //!   [`MAX_IN_FLIGHT`] unanswered at a time; JetStream refuses a write
 //!   whose key moved since it was read (another writer won).
 //! - [`follow`]: a consumer from now on (or from a sequence), for `watch`.
+//! - [`purge_keys`]: every message of some keys removed (a filtered stream
+//!   purge each, pipelined as the writes are): no deletion marker is left
+//!   to count against a bounded bucket's `max_msgs`.
 //! - [`kv`] and [`is_wrong_last_sequence`]: a bucket through the crate's KV
 //!   helper, and whether its compare-and-set write lost.
 
@@ -370,6 +373,66 @@ pub fn delete_all(
         })
         .collect();
     put_pipelined(conn, bucket, &writes, Check::Delete)
+}
+
+/// Purges every message of each of `keys` from `bucket`'s stream; the
+/// keys purged, or the first refusal.
+pub fn purge_keys(
+    conn: &nats::Connection,
+    bucket: &str,
+    keys: &[String],
+) -> Result<usize, CtlError> {
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let what = || format!("purging {} keys of {bucket}", keys.len());
+    let subject = format!("$JS.API.STREAM.PURGE.{}", stream_name(bucket));
+    let inbox = conn.new_inbox();
+    let sub = conn
+        .subscribe(&format!("{inbox}.*"))
+        .map_err(CtlError::nats(what()))?;
+    let (mut sent, mut answered) = (0usize, 0usize);
+    let mut last = Instant::now();
+    while answered < keys.len() {
+        while sent < keys.len() && sent - answered < MAX_IN_FLIGHT {
+            let body = serde_json::json!({ "filter": kv_subject(bucket, &keys[sent]) });
+            conn.publish_with_reply_or_headers(
+                &subject,
+                Some(&format!("{inbox}.{sent}")),
+                None,
+                body.to_string(),
+            )
+            .map_err(CtlError::nats(what()))?;
+            sent += 1;
+            last = Instant::now();
+        }
+        match sub.next_timeout(Duration::from_millis(200)) {
+            Ok(m) => {
+                answered += 1;
+                last = Instant::now();
+                let v: serde_json::Value = serde_json::from_slice(&m.data).unwrap_or_default();
+                if status_of(&m) == Some("503") || v["success"] != true {
+                    return Err(CtlError::Nats {
+                        what: what(),
+                        detail: format!(
+                            "refused: {}",
+                            v["error"]["description"]
+                                .as_str()
+                                .unwrap_or("no JetStream stream")
+                        ),
+                    });
+                }
+            }
+            Err(_) if last.elapsed() > ACK_TIMEOUT => {
+                return Err(CtlError::Nats {
+                    what: what(),
+                    detail: format!("{answered} answered within {} s", ACK_TIMEOUT.as_secs()),
+                })
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(answered)
 }
 
 /// What [`put_pipelined`] sends beside each value.

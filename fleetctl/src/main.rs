@@ -30,6 +30,7 @@ mod fleet;
 mod group;
 mod js;
 mod labels;
+mod lobby;
 mod metrics;
 mod nats_config;
 mod presence;

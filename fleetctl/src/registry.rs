@@ -50,6 +50,7 @@ use fleet_common::Timestamp;
 use crate::error::CtlError;
 use crate::js::{self, CasOutcome, CasWrite};
 use crate::labels::table;
+use crate::lobby;
 use crate::presence::{self, Read};
 use crate::selector::Selector;
 
@@ -325,6 +326,12 @@ fn decide(
             }
         }
         if lost.is_empty() {
+            let decided: BTreeMap<DeviceId, RecordState> = done
+                .values()
+                .filter(|x| x.written)
+                .map(|x| (x.device.clone(), x.state))
+                .collect();
+            free_lobby(conn, &records, &decided, now);
             return Ok(ids.iter().filter_map(|id| done.remove(id)).collect());
         }
         todo = lost;
@@ -335,6 +342,44 @@ fn decide(
         lost.join(", "),
         summary(&done)
     )))
+}
+
+/// Frees the lobby places of devices this command took out of pending
+/// (`decided`: their states now; `records`: every record as read before),
+/// saying so on stderr. Nothing to do when none of them was pending.
+fn free_lobby(
+    conn: &nats::Connection,
+    records: &BTreeMap<DeviceId, Recorded>,
+    decided: &BTreeMap<DeviceId, RecordState>,
+    now: Timestamp,
+) {
+    let was_pending = decided.keys().any(|id| {
+        records
+            .get(id)
+            .is_some_and(|r| r.record.state == RecordState::Pending)
+    });
+    if !was_pending {
+        return;
+    }
+    eprintln!(
+        "{}",
+        lobby::sweep_line(conn, &state_now(records, decided), now)
+    );
+}
+
+/// A device's record state now, from the records read and what was
+/// written since.
+fn state_now<'a>(
+    records: &'a BTreeMap<DeviceId, Recorded>,
+    decided: &'a BTreeMap<DeviceId, RecordState>,
+) -> impl Fn(&str) -> Option<RecordState> + 'a {
+    move |id| {
+        let id = DeviceId::parse(id).ok()?;
+        decided
+            .get(&id)
+            .copied()
+            .or_else(|| records.get(&id).map(|r| r.record.state))
+    }
 }
 
 fn summary(done: &BTreeMap<DeviceId, Decided>) -> String {
@@ -417,6 +462,11 @@ fn json_lines(records: &[&DeviceRecord]) -> Result<String, CtlError> {
 /// state) carrying a conflicting request.
 pub fn pending(conn: &nats::Connection, json: bool) -> Result<String, CtlError> {
     let records = read_all(conn)?;
+    let lobby = lobby::sweep_line(
+        conn,
+        &state_now(&records, &BTreeMap::new()),
+        Timestamp::now(),
+    );
     let rows: Vec<&DeviceRecord> = records
         .values()
         .map(|r| &r.record)
@@ -452,6 +502,7 @@ pub fn pending(conn: &nats::Connection, json: bool) -> Result<String, CtlError> 
             .filter(|r| r.state == RecordState::Pending)
             .count()
     );
+    let _ = writeln!(out, "{lobby}");
     Ok(out)
 }
 
@@ -792,6 +843,11 @@ pub fn preauthorize(
     }
     let outcomes = js::cas_put_all(conn, BUCKET_REGISTRY, &writes)?;
     let mut out = created_lines(&ids, outcomes, "preauthorized")?;
+    let decided: BTreeMap<DeviceId, RecordState> = ids
+        .iter()
+        .map(|id| (id.clone(), RecordState::Approved))
+        .collect();
+    free_lobby(conn, &records, &decided, now);
     let _ = writeln!(
         out,
         "{} preauthorized, {already} already approved with the same key",

@@ -33,7 +33,7 @@ fn apply_validates_then_writes_and_status_reads_back() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out,
-        "fleet-workloads: ready\nfleet-control: ready\nfleet-status: ready\nfleet-desired: ready\nfleet-registry: ready\nfleet-operator: ready\n"
+        "fleet-workloads: ready\nfleet-control: ready\nfleet-status: ready\nfleet-desired: ready\nfleet-registry: ready\nfleet-operator: ready\nfleet-lobby: ready\n"
     );
 
     let bad = dir.path().join("bad.json");

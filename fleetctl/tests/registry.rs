@@ -129,7 +129,8 @@ fn pending_lists_requests_with_facts_and_flags_conflicting_keys() {
     let (code, out, err) = f.fleetctl(&["device", "pending"]);
     assert_eq!(code, 0, "{err}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 4, "{out}");
+    assert_eq!(lines.len(), 5, "{out}");
+    assert_eq!(lines[4], "lobby: 0 of 10000 places taken (0 freed now)");
     for col in ["DEVICE", "STATE", "KEY", "REQUESTED", "CONFLICT", "FACTS"] {
         assert!(lines[0].contains(col), "{out}");
     }
@@ -244,6 +245,53 @@ fn approve_by_id_and_by_selector_and_refuse_unknown_ids_writing_nothing() {
     );
     assert_eq!(f.registry_revision(), before);
     assert!(f.record("idp-2").is_none());
+}
+
+#[test]
+fn pending_frees_the_lobby_places_of_decided_and_orphaned_devices() {
+    let f = Fleet::start();
+    let lobby = f.kv("fleet-lobby");
+    let ticket = |at: &str| json!({"requested-at": at}).to_string();
+    let now = fleet_common::Timestamp::now().to_string();
+    // dev-a waits; dev-b was approved by the rule meanwhile; dev-c's writer
+    // died before its record 11 minutes ago; dev-d's is being written now.
+    f.put_record(&pending("dev-a", &key(), "arm64"));
+    let mut approved = pending("dev-b", &key(), "arm64");
+    approved["state"] = json!("approved");
+    f.put_record(&approved);
+    let old = fleet_common::Timestamp::from_unix_millis(
+        fleet_common::Timestamp::now().unix_millis() - 11 * 60 * 1000,
+    )
+    .to_string();
+    for (id, at) in [
+        ("dev-a", &now),
+        ("dev-b", &now),
+        ("dev-c", &old),
+        ("dev-d", &now),
+    ] {
+        lobby.put(id, ticket(at)).expect("ticket");
+    }
+    let (code, out, err) = f.fleetctl(&["device", "pending"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.ends_with("lobby: 2 of 10000 places taken (2 freed now)\n"),
+        "{out}"
+    );
+    let left: Vec<String> = ["dev-a", "dev-b", "dev-c", "dev-d"]
+        .into_iter()
+        .filter(|id| lobby.entry(id).expect("read").is_some())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(left, ["dev-a", "dev-d"], "purged, no deletion marker left");
+
+    // Approving dev-a frees its place too, and says so.
+    let (code, out, err) = f.fleetctl(&["device", "approve", "dev-a"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "dev-a: approved\n");
+    assert!(
+        err.contains("lobby: 1 of 10000 places taken (1 freed now)"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -154,6 +154,16 @@ pub struct Conflict {
     pub count: u32,
 }
 
+/// A place in the lobby (`fleet-lobby` key `<device>`): taken by the
+/// enrollment service or the callout before it writes a new pending
+/// record, freed by fleetctl once the device is decided. The lobby's
+/// stream refuses a new key beyond [`MAX_PENDING_DEVICES`](crate::limits::MAX_PENDING_DEVICES).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct LobbyTicket {
+    pub requested_at: Timestamp,
+}
+
 /// The fleet's record of one device (`fleet-registry` key `<device>`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]

@@ -26,9 +26,9 @@ pub use device::{
 };
 pub use enroll::{
     check_facts, AnswerState, Conflict, DeviceRecord, EnrollAnswer, EnrollRequest,
-    EnrollRequestError, Enrolled, Preauthorized, RecordState, FACT_AGENT_VERSION, FACT_ARCH,
-    FACT_MACHINE_ID, FACT_OS, FACT_SERIAL, MAX_ENROLL_REQUEST_BYTES, MAX_FACTS, MAX_FACT_CHARS,
-    MAX_REASON_CHARS,
+    EnrollRequestError, Enrolled, LobbyTicket, Preauthorized, RecordState, FACT_AGENT_VERSION,
+    FACT_ARCH, FACT_MACHINE_ID, FACT_OS, FACT_SERIAL, MAX_ENROLL_REQUEST_BYTES, MAX_FACTS,
+    MAX_FACT_CHARS, MAX_REASON_CHARS,
 };
 pub use health::{
     FailedSpec, HealthCheck, HealthReport, HealthState, Probe, ProbeResult, Revert, RevertReason,

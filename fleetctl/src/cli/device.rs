@@ -72,6 +72,12 @@ enum DeviceCommand {
     },
     /// Enrollment requests waiting for a decision, and requests that named
     /// a recorded device with another key (CONFLICT)
+    #[command(
+        long_about = "Enrollment requests waiting for a decision, and requests that named a \
+recorded device with another key (CONFLICT). The last line is the lobby (fleet-lobby): the \
+places taken of the most devices that may wait at once (10,000); the command frees the places \
+of devices decided meanwhile."
+    )]
     Pending {
         /// The records as JSON
         #[arg(long)]
