@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use common::*;
 use fleet_common::contracts::DeviceInfo;
-use fleet_common::nats_config::{
-    kv_stream_config, stream_create_subject, ADMIN_USER, FLEET_BUCKETS,
-};
+use fleet_common::nats_config::ADMIN_USER;
 use fleet_harness::{
-    device_password, fleet_server_config, ChildGuard, NatsVersion, TestCa, NATS_ADMIN_PASSWORD,
+    create_buckets, device_password, fleet_server_config, ChildGuard, NatsVersion, TestCa,
+    NATS_ADMIN_PASSWORD,
 };
 
 #[test]
@@ -48,15 +47,7 @@ fn agent_connects_over_tls_with_the_configured_ca() {
         .add_root_certificate(ca.ca_path())
         .connect(url.as_str())
         .expect("admin over TLS");
-    for spec in &FLEET_BUCKETS {
-        admin
-            .request_timeout(
-                &stream_create_subject(spec.bucket),
-                kv_stream_config(spec, 1).to_string(),
-                Duration::from_secs(5),
-            )
-            .expect("create bucket");
-    }
+    create_buckets(&admin, 1, Duration::from_secs(30));
 
     let mut settings = Settings::new(vec![url]);
     settings.podman = false;

@@ -42,6 +42,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Bound on one JetStream API request from the harness.
 const API_TIMEOUT: Duration = Duration::from_secs(5);
+/// A single server's bucket streams are all created within this (each
+/// request bounded by [`API_TIMEOUT`], retried; a loaded machine's fsyncs
+/// can hold one up for seconds).
+const BUCKETS_TIMEOUT: Duration = Duration::from_secs(30);
 /// A fresh cluster elects a meta leader and places R3 streams within this.
 const CLUSTER_FORM_TIMEOUT: Duration = Duration::from_secs(60);
 /// One stream-info request while waiting for a leader (unanswered ones are
@@ -273,7 +277,7 @@ impl NatsServer {
                         child: Some(child),
                         dir,
                     };
-                    create_buckets(&server.admin(), 1, API_TIMEOUT);
+                    create_buckets(&server.admin(), 1, BUCKETS_TIMEOUT);
                     return server;
                 }
                 Err(StartError::PortTaken) => continue,
@@ -362,7 +366,7 @@ impl NatsServer {
                         child: Some(child),
                         dir,
                     };
-                    create_buckets(&server.admin(), 1, API_TIMEOUT);
+                    create_buckets(&server.admin(), 1, BUCKETS_TIMEOUT);
                     return server;
                 }
                 Err(StartError::PortTaken) => continue,
@@ -950,9 +954,11 @@ fn connect(options: nats::Options, urls: &str) -> nats::Connection {
         .unwrap_or_else(|e| panic!("cannot connect to {urls}: {e}"))
 }
 
-/// Creates the three bucket streams, retrying until `timeout` (a fresh
-/// cluster answers "unavailable" until it has a meta leader and peers).
-fn create_buckets(admin: &nats::Connection, replicas: u8, timeout: Duration) {
+/// Creates every fleet bucket's stream ([`FLEET_BUCKETS`]) with `replicas`
+/// copies, retrying until `timeout` (a fresh cluster answers
+/// "unavailable" until it has a meta leader and peers; a loaded machine
+/// may leave one request unanswered).
+pub fn create_buckets(admin: &nats::Connection, replicas: u8, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     for spec in &FLEET_BUCKETS {
         let subject = stream_create_subject(spec.bucket);
