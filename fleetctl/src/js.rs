@@ -55,7 +55,8 @@ const READ_HEARTBEAT: Duration = Duration::from_secs(1);
 const READ_SILENCE: Duration = Duration::from_secs(5);
 /// Bound on a whole snapshot read (10,000 devices take well under a second).
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
-/// Bound on collecting the acks of a batch of writes after the last publish.
+/// Bound on collecting the answers of a pipelined batch after the last
+/// request sent or answer heard.
 const ACK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The last message of one key.
@@ -382,57 +383,85 @@ pub fn purge_keys(
     bucket: &str,
     keys: &[String],
 ) -> Result<usize, CtlError> {
-    if keys.is_empty() {
-        return Ok(0);
-    }
     let what = || format!("purging {} keys of {bucket}", keys.len());
     let subject = format!("$JS.API.STREAM.PURGE.{}", stream_name(bucket));
+    let answers = pipelined(conn, keys.len(), what, |i, reply| {
+        let body = serde_json::json!({ "filter": kv_subject(bucket, &keys[i]) });
+        conn.publish_with_reply_or_headers(&subject, Some(reply), None, body.to_string())
+    })?;
+    let mut purged = 0;
+    for answer in answers {
+        let Some(m) = answer else {
+            return Err(CtlError::Nats {
+                what: what(),
+                detail: format!(
+                    "{purged} answered within {} s of the last answer",
+                    ACK_TIMEOUT.as_secs()
+                ),
+            });
+        };
+        let v: serde_json::Value = serde_json::from_slice(&m.data).unwrap_or_default();
+        if status_of(&m) == Some("503") || v["success"] != true {
+            return Err(CtlError::Nats {
+                what: what(),
+                detail: format!(
+                    "refused: {}",
+                    v["error"]["description"]
+                        .as_str()
+                        .unwrap_or("no JetStream stream")
+                ),
+            });
+        }
+        purged += 1;
+    }
+    Ok(purged)
+}
+
+/// Sends `n` requests on one inbox, `send(i, reply)` the `i`-th, with at
+/// most [`MAX_IN_FLIGHT`] unanswered at a time; the answer to each, in the
+/// same order. A request still unanswered [`ACK_TIMEOUT`] after the last
+/// send or answer is `None`.
+fn pipelined(
+    conn: &nats::Connection,
+    n: usize,
+    what: impl Fn() -> String,
+    mut send: impl FnMut(usize, &str) -> std::io::Result<()>,
+) -> Result<Vec<Option<nats::Message>>, CtlError> {
+    let mut answers: Vec<Option<nats::Message>> = vec![None; n];
+    if n == 0 {
+        return Ok(answers);
+    }
     let inbox = conn.new_inbox();
     let sub = conn
         .subscribe(&format!("{inbox}.*"))
         .map_err(CtlError::nats(what()))?;
     let (mut sent, mut answered) = (0usize, 0usize);
     let mut last = Instant::now();
-    while answered < keys.len() {
-        while sent < keys.len() && sent - answered < MAX_IN_FLIGHT {
-            let body = serde_json::json!({ "filter": kv_subject(bucket, &keys[sent]) });
-            conn.publish_with_reply_or_headers(
-                &subject,
-                Some(&format!("{inbox}.{sent}")),
-                None,
-                body.to_string(),
-            )
-            .map_err(CtlError::nats(what()))?;
+    while answered < n {
+        while sent < n && sent - answered < MAX_IN_FLIGHT {
+            send(sent, &format!("{inbox}.{sent}")).map_err(CtlError::nats(what()))?;
             sent += 1;
             last = Instant::now();
         }
         match sub.next_timeout(Duration::from_millis(200)) {
             Ok(m) => {
-                answered += 1;
-                last = Instant::now();
-                let v: serde_json::Value = serde_json::from_slice(&m.data).unwrap_or_default();
-                if status_of(&m) == Some("503") || v["success"] != true {
-                    return Err(CtlError::Nats {
-                        what: what(),
-                        detail: format!(
-                            "refused: {}",
-                            v["error"]["description"]
-                                .as_str()
-                                .unwrap_or("no JetStream stream")
-                        ),
-                    });
+                let slot = m
+                    .subject
+                    .rsplit('.')
+                    .next()
+                    .and_then(|t| t.parse::<usize>().ok())
+                    .and_then(|i| answers.get_mut(i));
+                if let Some(slot @ None) = slot {
+                    *slot = Some(m);
+                    answered += 1;
+                    last = Instant::now();
                 }
             }
-            Err(_) if last.elapsed() > ACK_TIMEOUT => {
-                return Err(CtlError::Nats {
-                    what: what(),
-                    detail: format!("{answered} answered within {} s", ACK_TIMEOUT.as_secs()),
-                })
-            }
+            Err(_) if last.elapsed() > ACK_TIMEOUT => break,
             Err(_) => {}
         }
     }
-    Ok(answered)
+    Ok(answers)
 }
 
 /// What [`put_pipelined`] sends beside each value.
@@ -452,84 +481,40 @@ fn put_pipelined(
     writes: &[CasWrite],
     check: Check,
 ) -> Result<Vec<CasOutcome>, CtlError> {
-    if writes.is_empty() {
-        return Ok(Vec::new());
-    }
     let what = || format!("writing {} keys of {bucket}", writes.len());
-    let inbox = conn.new_inbox();
-    let sub = conn
-        .subscribe(&format!("{inbox}.*"))
-        .map_err(CtlError::nats(what()))?;
-    let mut outcomes: Vec<Option<CasOutcome>> = vec![None; writes.len()];
-    let mut answered = 0usize;
-    let mut sent = 0usize;
-    let receive = |wait: Duration, outcomes: &mut Vec<Option<CasOutcome>>| -> bool {
-        match sub.next_timeout(wait) {
-            Ok(m) => {
-                let i = m
-                    .subject
-                    .rsplit('.')
-                    .next()
-                    .and_then(|t| t.parse::<usize>().ok());
-                if let Some(slot) = i.and_then(|i| outcomes.get_mut(i)) {
-                    if slot.is_none() {
-                        *slot = Some(if status_of(&m) == Some("503") {
-                            CasOutcome::Failed(format!(
-                                "no JetStream stream for {bucket} (create the buckets with fleetctl buckets create)"
-                            ))
-                        } else {
-                            outcome_of(&m.data)
-                        });
-                        return true;
-                    }
-                }
-                false
+    let answers = pipelined(conn, writes.len(), what, |i, reply| {
+        let w = &writes[i];
+        let mut headers = nats::header::HeaderMap::new();
+        match check {
+            Check::None => {}
+            Check::Sequence => {
+                headers.insert(
+                    HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                    w.expected_seq.to_string(),
+                );
             }
-            Err(_) => false,
-        }
-    };
-    let mut last_send = Instant::now();
-    while answered < writes.len() {
-        while sent < writes.len() && sent - answered < MAX_IN_FLIGHT {
-            let w = &writes[sent];
-            let mut headers = nats::header::HeaderMap::new();
-            match check {
-                Check::None => {}
-                Check::Sequence => {
-                    headers.insert(
-                        HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE,
-                        w.expected_seq.to_string(),
-                    );
-                }
-                Check::Delete => {
-                    headers.insert(HEADER_KV_OPERATION, KV_OPERATION_DELETE.to_owned());
-                }
+            Check::Delete => {
+                headers.insert(HEADER_KV_OPERATION, KV_OPERATION_DELETE.to_owned());
             }
-            conn.publish_with_reply_or_headers(
-                &kv_subject(bucket, &w.key),
-                Some(&format!("{inbox}.{sent}")),
-                Some(&headers),
-                &w.value,
-            )
-            .map_err(CtlError::nats(what()))?;
-            sent += 1;
-            last_send = Instant::now();
         }
-        if receive(Duration::from_millis(200), &mut outcomes) {
-            answered += 1;
-        } else if last_send.elapsed() > ACK_TIMEOUT {
-            break;
-        }
-    }
-    Ok(outcomes
+        conn.publish_with_reply_or_headers(
+            &kv_subject(bucket, &w.key),
+            Some(reply),
+            Some(&headers),
+            &w.value,
+        )
+    })?;
+    Ok(answers
         .into_iter()
-        .map(|o| {
-            o.unwrap_or_else(|| {
-                CasOutcome::Failed(format!(
-                    "no JetStream acknowledgement within {} s; the write may or may not have happened: read the key back",
-                    ACK_TIMEOUT.as_secs()
-                ))
-            })
+        .map(|answer| match answer {
+            Some(m) if status_of(&m) == Some("503") => CasOutcome::Failed(format!(
+                "no JetStream stream for {bucket} (create the buckets with fleetctl buckets create)"
+            )),
+            Some(m) => outcome_of(&m.data),
+            None => CasOutcome::Failed(format!(
+                "no JetStream acknowledgement within {} s; the write may or may not have happened: read the key back",
+                ACK_TIMEOUT.as_secs()
+            )),
         })
         .collect())
 }
