@@ -29,7 +29,9 @@ use fleet_common::nkey::{NkeyKind, NkeySeed};
 use fleet_common::subjects::{
     enroll_inbox_prefix, enroll_subject, kv_subject, BUCKET_LOBBY, BUCKET_REGISTRY, BUCKET_STATUS,
 };
-use fleet_harness::{poll_until, CalloutNats, ChildGuard, DeviceClient, Idp, NatsLeaf, Podman};
+use fleet_harness::{
+    poll_until, set_lobby_places, CalloutNats, ChildGuard, DeviceClient, Idp, NatsLeaf, Podman,
+};
 use rustix::process::Signal;
 use serde_json::json;
 use tempfile::TempDir;
@@ -517,25 +519,6 @@ fn a_pending_device_reaches_only_its_own_request_and_bad_ones_are_refused() {
         .nats
         .logged("nkey signature of the nonce: does not verify");
     let _ = admin;
-}
-
-/// Sets the lobby stream's `max_msgs` (its places) as an operator would.
-fn set_lobby_places(admin: &nats::Connection, places: i64) {
-    use fleet_common::nats_config::{stream_info_subject, stream_update_subject};
-    let info = admin
-        .request_timeout(&stream_info_subject(BUCKET_LOBBY), b"", WAIT)
-        .expect("lobby stream info");
-    let mut v: serde_json::Value = serde_json::from_slice(&info.data).expect("json");
-    v["config"]["max_msgs"] = json!(places);
-    let r = admin
-        .request_timeout(
-            &stream_update_subject(BUCKET_LOBBY),
-            v["config"].to_string(),
-            WAIT,
-        )
-        .expect("lobby stream update");
-    let r: serde_json::Value = serde_json::from_slice(&r.data).expect("json");
-    assert!(r.get("error").is_none(), "lobby update refused: {r}");
 }
 
 #[test]

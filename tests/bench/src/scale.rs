@@ -830,7 +830,7 @@ fn rows(
                 ),
             )
             .note(format!(
-                "After the killed node was started again: n0, n1, n2 each put in lame-duck mode (SIGUSR2; `lame_duck_duration` {} s, grace {} s: no new clients, its clients closed over the duration), restarted with the same store, and every bucket replica current again before the next (bound {} s; gen 2 took: {}); the whole took {:.0} s (gen 2){}. Affected = devices that lost sync during it (some more than once, as their next node also restarts); the spread is over every outage, from the loss to a complete snapshot again. Bound {} s after the last node.{}",
+                "After the killed node was started again: n0, n1, n2 each put in lame-duck mode (SIGUSR2; `lame_duck_duration` {} s, grace {} s: no new clients, its clients closed over the duration), restarted with the same store, and every bucket replica current again before the next (bound {} s; gen 2 took: {}); the whole took {:.0} s (gen 2){}. Affected = devices that lost sync during it (some more than once, as their next node also restarts); the spread is over every outage, from the loss to a complete snapshot again. Bound {} s after the last node.{}{}",
                 LAME_DUCK.0.as_secs(),
                 LAME_DUCK.1.as_secs(),
                 catch_up_bound(n).as_secs(),
@@ -846,6 +846,10 @@ fn rows(
                     .first_never
                     .as_ref()
                     .map(|s| format!(" First gen-2 device not back: {s}."))
+                    .unwrap_or_default(),
+                g2.rolling_failure
+                    .as_ref()
+                    .map(|e| format!(" Not done (gen 2): {e}."))
                     .unwrap_or_default(),
             )),
         Row::new(format!("{label}: `kill -9` of a node, recovery p50 / p99 / max"))

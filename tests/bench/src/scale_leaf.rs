@@ -684,7 +684,7 @@ fn rows(
             .ratio("—")
             .target("every outage ≤ 10 s, none lost", Verdict::from_ok(rolling_ok))
             .note(format!(
-                "After the killed leaf and hub node were started again: each leaf in turn put in lame-duck mode (SIGUSR2; `lame_duck_duration` {} s, grace {} s: no new clients, its clients closed over the duration) and started again with its links up before the next; its devices reconnect to the other leaves at random. The killed hub node's replicas were current again {} after its start (bound {} s). The whole took {:.0} s. Affected = devices that lost sync during it (some more than once, as the leaf they moved to restarts later); the spread is over every outage, from the loss to a complete snapshot again. Bound {} s after the last leaf.{}",
+                "After the killed leaf and hub node were started again: each leaf in turn put in lame-duck mode (SIGUSR2; `lame_duck_duration` {} s, grace {} s: no new clients, its clients closed over the duration) and started again with its links up before the next; its devices reconnect to the other leaves at random. The killed hub node's replicas were current again {} after its start (bound {} s). The whole took {:.0} s. Affected = devices that lost sync during it (some more than once, as the leaf they moved to restarts later); the spread is over every outage, from the loss to a complete snapshot again. Bound {} s after the last leaf.{}{}",
                 LAME_DUCK.0.as_secs(),
                 LAME_DUCK.1.as_secs(),
                 m.hub_catch_up
@@ -696,6 +696,10 @@ fn rows(
                     .first_never
                     .as_ref()
                     .map(|s| format!(" First device not back: {s}."))
+                    .unwrap_or_default(),
+                m.rolling_failure
+                    .as_ref()
+                    .map(|e| format!(" Not done: {e}."))
                     .unwrap_or_default(),
             )),
     );

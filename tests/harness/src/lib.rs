@@ -51,8 +51,9 @@ pub use idp::{
 pub use isolation::{admin_get, assert_device_isolation, DeviceClient};
 pub use leaf::NatsLeaf;
 pub use nats::{
-    create_buckets, device_password, fleet_server_config, without_presence, CalloutLayout,
-    ClusterOptions, NatsCluster, NatsServer, NatsVersion, LEAF_PASSWORD, NATS_ADMIN_PASSWORD,
+    create_buckets, device_password, fleet_server_config, set_lobby_places, without_presence,
+    CalloutLayout, ClusterOptions, NatsCluster, NatsServer, NatsVersion, LEAF_PASSWORD,
+    NATS_ADMIN_PASSWORD,
 };
 pub use netns::NetNs;
 pub use podman::{Podman, BUSYBOX_IMAGE};

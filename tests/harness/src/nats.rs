@@ -841,7 +841,7 @@ impl NatsCluster {
                     .iter()
                     .all(|r| r["current"].as_bool() == Some(true))
         })
-        .map_err(|subject| format!("{subject}: replicas not all current within {timeout:?}"))
+        .map_err(|stream| format!("replicas not all current within {timeout:?}: {stream}"))
     }
 
     /// Waits until every bucket stream has a leader among the live nodes
@@ -983,6 +983,27 @@ pub fn create_buckets(admin: &nats::Connection, replicas: u8, timeout: Duration)
     }
 }
 
+/// Sets the lobby stream's `max_msgs` (its places) as an operator would:
+/// the stream's config read back, changed, and updated.
+pub fn set_lobby_places(admin: &nats::Connection, places: i64) {
+    use fleet_common::nats_config::{stream_info_subject, stream_update_subject};
+    use fleet_common::subjects::BUCKET_LOBBY;
+    let info = admin
+        .request_timeout(&stream_info_subject(BUCKET_LOBBY), b"", API_TIMEOUT)
+        .expect("lobby stream info");
+    let mut v: serde_json::Value = serde_json::from_slice(&info.data).expect("json");
+    v["config"]["max_msgs"] = serde_json::json!(places);
+    let r = admin
+        .request_timeout(
+            &stream_update_subject(BUCKET_LOBBY),
+            v["config"].to_string(),
+            API_TIMEOUT,
+        )
+        .expect("lobby stream update");
+    let r: serde_json::Value = serde_json::from_slice(&r.data).expect("json");
+    assert!(r.get("error").is_none(), "lobby update refused: {r}");
+}
+
 /// Waits until every bucket stream reports a leader (one named in `among`,
 /// if given). A replicated stream without a leader leaves requests
 /// unanswered and publishes with "no responders".
@@ -997,13 +1018,14 @@ fn wait_for_stream_leaders(
             !l.is_empty() && among.is_none_or(|names| names.iter().any(|n| n == l))
         })
     };
-    if let Err(subject) = poll_bucket_streams(admin, deadline, led) {
-        panic!("{subject}: no stream leader within {timeout:?}");
+    if let Err(stream) = poll_bucket_streams(admin, deadline, led) {
+        panic!("no stream leader within {timeout:?}: {stream}");
     }
 }
 
-/// Polls each bucket stream's info until `ok` holds for it; the info
-/// subject of the first stream for which it did not by `deadline`.
+/// Polls each bucket stream's info until `ok` holds for it; for the first
+/// stream for which it did not by `deadline`, its info subject and what
+/// its last answer said ([`stream_state`]).
 fn poll_bucket_streams(
     admin: &nats::Connection,
     deadline: Instant,
@@ -1012,21 +1034,58 @@ fn poll_bucket_streams(
     for spec in &FLEET_BUCKETS {
         let subject = format!("$JS.API.STREAM.INFO.{}", stream_name(spec.bucket));
         loop {
-            let done = admin
-                .request_timeout(&subject, "", LEADER_POLL_TIMEOUT)
-                .ok()
-                .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.data).ok())
-                .is_some_and(|info| ok(&info));
-            if done {
-                break;
-            }
+            let last = match admin.request_timeout(&subject, "", LEADER_POLL_TIMEOUT) {
+                Ok(r) => match serde_json::from_slice::<serde_json::Value>(&r.data) {
+                    Ok(info) if ok(&info) => break,
+                    Ok(info) => stream_state(&info),
+                    Err(e) => format!("an unreadable answer ({e})"),
+                },
+                Err(e) => format!("no answer within {LEADER_POLL_TIMEOUT:?} ({e})"),
+            };
             if Instant::now() >= deadline {
-                return Err(subject);
+                return Err(format!("{subject} (last: {last})"));
             }
             thread::sleep(RETRY_INTERVAL);
         }
     }
     Ok(())
+}
+
+/// A stream info answer in a line: its error, or its leader and each
+/// replica's `current`, `lag`, `active` and `offline`.
+fn stream_state(info: &serde_json::Value) -> String {
+    if let Some(e) = info.get("error") {
+        return format!("error {e}");
+    }
+    let c = &info["cluster"];
+    let replicas: Vec<String> = c["replicas"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .map(|r| {
+            format!(
+                "{} current {} lag {} active {:.1} s{}",
+                r["name"].as_str().unwrap_or("?"),
+                r["current"].as_bool().unwrap_or(false),
+                r["lag"].as_u64().unwrap_or(0),
+                r["active"].as_u64().unwrap_or(0) as f64 / 1e9,
+                if r["offline"].as_bool() == Some(true) {
+                    " offline"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect();
+    format!(
+        "leader {}, replicas [{}], last seq {}",
+        c["leader"]
+            .as_str()
+            .filter(|l| !l.is_empty())
+            .unwrap_or("none"),
+        replicas.join("; "),
+        info["state"]["last_seq"].as_u64().unwrap_or(0)
+    )
 }
 
 fn temp_dir(prefix: &str) -> TempDir {
@@ -1051,18 +1110,92 @@ pub(crate) fn lame_duck_lines((duration, grace): (Duration, Duration)) -> String
 
 /// SIGUSR2 (lame-duck mode: no new clients, its clients closed over
 /// `lame_duck_duration`), then waits for the server's exit; killed past
-/// `timeout`.
+/// `timeout`, the error then saying how far its shutdown got.
 pub(crate) fn lame_duck_exit(mut child: ChildGuard, timeout: Duration) -> Result<(), String> {
+    let before = child.line_count();
     child.signal(Signal::USR2);
     let deadline = Instant::now() + timeout;
     while child.try_wait().is_none() {
         if Instant::now() >= deadline {
             child.kill();
+            let since = child.lines().split_off(before);
             return Err(format!(
-                "still running {timeout:?} after SIGUSR2 (lame duck); killed"
+                "still running {timeout:?} after SIGUSR2 (lame duck); killed. {}",
+                lame_duck_progress(&since)
             ));
         }
         thread::sleep(RETRY_INTERVAL);
     }
     Ok(())
+}
+
+/// What a server logged after SIGUSR2, in a line: its lame-duck steps
+/// (each with its log time) and its last line, to tell a slow close of
+/// its clients from a shutdown that hung.
+fn lame_duck_progress(lines: &[String]) -> String {
+    const STEPS: [&str; 4] = [
+        "Entering lame duck mode",
+        "Closing existing clients",
+        "Initiating Shutdown",
+        "Server Exiting",
+    ];
+    let steps: Vec<&str> = lines
+        .iter()
+        .filter(|l| STEPS.iter().any(|s| l.contains(s)))
+        .map(|l| l.as_str())
+        .collect();
+    let warnings = lines.iter().filter(|l| l.contains("[WRN]")).count();
+    let errors = lines.iter().filter(|l| l.contains("[ERR]")).count();
+    format!(
+        "It logged {} lines since ({warnings} warnings, {errors} errors); its lame-duck steps: {}; its last line: {}",
+        lines.len(),
+        if steps.is_empty() {
+            "none".to_owned()
+        } else {
+            steps.join(" | ")
+        },
+        lines.last().map_or("none", |l| l.as_str())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{lame_duck_progress, stream_state};
+
+    #[test]
+    fn stream_state_shows_the_error_or_each_replica() {
+        let info = serde_json::json!({
+            "cluster": {"leader": "n1", "replicas": [
+                {"name": "n0", "current": false, "lag": 3, "active": 2_500_000_000u64},
+                {"name": "n2", "current": true, "active": 100_000_000, "offline": true},
+            ]},
+            "state": {"last_seq": 7},
+        });
+        assert_eq!(
+            stream_state(&info),
+            "leader n1, replicas [n0 current false lag 3 active 2.5 s; n2 current true lag 0 active 0.1 s offline], last seq 7"
+        );
+        let refused = serde_json::json!({"error": {"code": 503, "description": "JetStream system temporarily unavailable"}});
+        assert!(stream_state(&refused).contains("temporarily unavailable"));
+    }
+
+    #[test]
+    fn lame_duck_progress_names_the_steps_reached_and_the_last_line() {
+        let lines: Vec<String> = [
+            "[1] 2026/12/04 21:40:00.000001 [INF] Entering lame duck mode, stop accepting new clients",
+            "[1] 2026/12/04 21:40:10.000001 [INF] Closing existing clients",
+            "[1] 2026/12/04 21:40:11.000001 [WRN] 127.0.0.1:5000 - cid:9 - Readloop processing time: 2.1s",
+        ]
+        .map(String::from)
+        .to_vec();
+        let p = lame_duck_progress(&lines);
+        assert!(p.contains("3 lines since (1 warnings, 0 errors)"), "{p}");
+        assert!(
+            p.contains("21:40:10.000001 [INF] Closing existing clients"),
+            "{p}"
+        );
+        assert!(!p.contains("Server Exiting"), "{p}");
+        assert!(p.ends_with("Readloop processing time: 2.1s"), "{p}");
+        assert!(lame_duck_progress(&[]).contains("steps: none; its last line: none"));
+    }
 }
