@@ -363,8 +363,29 @@ fn free_lobby(
     }
     eprintln!(
         "{}",
-        lobby::sweep_line(conn, &state_now(records, decided), now)
+        lobby::sweep_line(
+            conn,
+            &state_now(records, decided),
+            &still_pending(records, decided, now),
+            now
+        )
     );
+}
+
+/// The devices whose record is pending now, with when each asked (`now`
+/// for a record that does not say).
+fn still_pending(
+    records: &BTreeMap<DeviceId, Recorded>,
+    decided: &BTreeMap<DeviceId, RecordState>,
+    now: Timestamp,
+) -> Vec<(String, Timestamp)> {
+    records
+        .iter()
+        .filter(|(id, r)| {
+            decided.get(*id).copied().unwrap_or(r.record.state) == RecordState::Pending
+        })
+        .map(|(id, r)| (id.as_str().to_owned(), r.record.requested_at.unwrap_or(now)))
+        .collect()
 }
 
 /// A device's record state now, from the records read and what was
@@ -462,10 +483,12 @@ fn json_lines(records: &[&DeviceRecord]) -> Result<String, CtlError> {
 /// state) carrying a conflicting request.
 pub fn pending(conn: &nats::Connection, json: bool) -> Result<String, CtlError> {
     let records = read_all(conn)?;
+    let now = Timestamp::now();
     let lobby = lobby::sweep_line(
         conn,
         &state_now(&records, &BTreeMap::new()),
-        Timestamp::now(),
+        &still_pending(&records, &BTreeMap::new(), now),
+        now,
     );
     let rows: Vec<&DeviceRecord> = records
         .values()

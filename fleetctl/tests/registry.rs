@@ -130,7 +130,11 @@ fn pending_lists_requests_with_facts_and_flags_conflicting_keys() {
     assert_eq!(code, 0, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 5, "{out}");
-    assert_eq!(lines[4], "lobby: 0 of 10000 places taken (0 freed now)");
+    // dev-a was recorded without a ticket (as before the lobby): it gets one.
+    assert_eq!(
+        lines[4],
+        "lobby: 1 of 10000 places taken (0 freed now; 1 given to pending devices that had none)"
+    );
     for col in ["DEVICE", "STATE", "KEY", "REQUESTED", "CONFLICT", "FACTS"] {
         assert!(lines[0].contains(col), "{out}");
     }
@@ -291,6 +295,61 @@ fn pending_frees_the_lobby_places_of_decided_and_orphaned_devices() {
     assert!(
         err.contains("lobby: 1 of 10000 places taken (1 freed now)"),
         "{err}"
+    );
+}
+
+#[test]
+fn pending_gives_devices_recorded_without_the_lobby_a_place_while_places_are_left() {
+    let f = Fleet::start();
+    fleet_harness::set_lobby_places(&f.admin, 2);
+    let lobby = f.kv("fleet-lobby");
+    // dev-x holds a place; dev-old and dev-new were recorded pending before
+    // the lobby existed, dev-old first.
+    let now = fleet_common::Timestamp::now().to_string();
+    lobby
+        .put("dev-x", json!({"requested-at": now}).to_string())
+        .expect("ticket");
+    let mut old = pending("dev-old", &key(), "arm64");
+    old["requested-at"] = json!("2026-11-30T08:00:00Z");
+    f.put_record(&old);
+    f.put_record(&pending("dev-new", &key(), "arm64"));
+
+    let (code, out, err) = f.fleetctl(&["device", "pending"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.ends_with(
+            "lobby: 2 of 2 places taken: full, new devices are told to slow down until some are approved or rejected (0 freed now; 1 given to pending devices that had none; 1 pending devices recorded without the lobby have no place)\n"
+        ),
+        "{out}"
+    );
+    let ticket = lobby
+        .entry("dev-old")
+        .expect("read")
+        .expect("dev-old placed");
+    let ticket: Value = serde_json::from_slice(&ticket.value).expect("json");
+    assert_eq!(
+        ticket["requested-at"], "2026-11-30T08:00:00.000Z",
+        "its own request time"
+    );
+    assert!(
+        lobby.entry("dev-new").expect("read").is_none(),
+        "no place left"
+    );
+
+    // Rejecting dev-old frees its place, and the same sweep gives it to dev-new.
+    let (code, _, err) = f.fleetctl(&["device", "reject", "dev-old"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("(1 freed now; 1 given to pending devices that had none)"),
+        "{err}"
+    );
+    assert!(
+        lobby.entry("dev-new").expect("read").is_some(),
+        "dev-new placed"
+    );
+    assert!(
+        lobby.entry("dev-old").expect("read").is_none(),
+        "dev-old freed"
     );
 }
 
