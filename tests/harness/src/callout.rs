@@ -60,14 +60,21 @@ impl CalloutNats {
     /// Everything up, the callout answering. `extra` is merged into the
     /// callout's config (`clock_skew_secs`, `jwks_min_refetch_secs`, ...).
     pub fn start(idp: &Idp, extra: Value) -> CalloutNats {
-        Self::start_inner(idp, extra, false)
+        Self::start_inner(idp, extra, false, &|text| text)
+    }
+
+    /// [`start`](Self::start) with the generated server config passed
+    /// through `edit` first: a config as an older `fleetctl nats-config`
+    /// wrote it.
+    pub fn start_edited(idp: &Idp, extra: Value, edit: &dyn Fn(String) -> String) -> CalloutNats {
+        Self::start_inner(idp, extra, false, edit)
     }
 
     /// [`start`](Self::start) with a leafnode listener on loopback
     /// ([`leafnode_hubs`](Self::leafnode_hubs)) for callout-layout
     /// [`NatsLeaf`](crate::NatsLeaf)s, the server named `hub`.
     pub fn start_hub(idp: &Idp, extra: Value) -> CalloutNats {
-        Self::start_inner(idp, extra, true)
+        Self::start_inner(idp, extra, true, &|text| text)
     }
 
     /// The leafnode listener of a [`start_hub`](Self::start_hub) server.
@@ -78,12 +85,17 @@ impl CalloutNats {
             .collect()
     }
 
-    fn start_inner(idp: &Idp, extra: Value, leaves: bool) -> CalloutNats {
+    fn start_inner(
+        idp: &Idp,
+        extra: Value,
+        leaves: bool,
+        edit: &dyn Fn(String) -> String,
+    ) -> CalloutNats {
         let leafnode_port = leaves.then(free_port);
         let dir = tempfile::tempdir().expect("tempdir");
         let issuer = keygen(dir.path());
         let server = NatsServer::start_with_config(NatsVersion::V2_14, |port, store| {
-            callout_server_config(&CalloutServerConfig {
+            edit(callout_server_config(&CalloutServerConfig {
                 listen: ([127, 0, 0, 1], port).into(),
                 server_name: leaves.then(|| "hub".to_owned()),
                 store_dir: store.to_path_buf(),
@@ -97,7 +109,7 @@ impl CalloutNats {
                     password: LEAF_PASSWORD.to_owned(),
                 }),
                 protocols: fleet_common::subjects::DeviceProtocols::WithLegacy,
-            })
+            }))
         });
         let config_path = write_config(dir.path(), idp, &server.url(), extra);
         let callout = spawn_callout(&config_path);
@@ -270,6 +282,20 @@ impl CalloutCluster {
     /// Another instance with the same config.
     pub fn start_callout(&self) -> ChildGuard {
         spawn_callout(&self.config_path)
+    }
+
+    /// Another instance connected to `nats_url` only (one node), its config
+    /// otherwise the same.
+    pub fn start_callout_to(&self, nats_url: &str) -> ChildGuard {
+        let text = std::fs::read_to_string(&self.config_path).expect("read callout config");
+        let mut config: Value = serde_json::from_str(&text).expect("callout config");
+        config["nats_url"] = json!(nats_url);
+        let path = self.config_path.with_file_name(format!(
+            "auth-callout-{}.json",
+            nats_url.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+        ));
+        std::fs::write(&path, config.to_string()).expect("write callout config");
+        spawn_callout(&path)
     }
 
     /// Every running callout's log, for a failure message.

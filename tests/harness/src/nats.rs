@@ -9,7 +9,7 @@
 //! say). The config keeps its port, so `restart` comes back on the same port
 //! and store dir.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -27,6 +27,7 @@ use fleet_common::validate::DeviceId;
 use rustix::process::Signal;
 use tempfile::TempDir;
 
+use crate::netns::NetNs;
 use crate::proc::ChildGuard;
 use crate::{find_tool, require_tool, workspace_root};
 
@@ -498,6 +499,10 @@ impl NatsServer {
 pub struct NatsCluster {
     version: NatsVersion,
     ports: Vec<u16>,
+    /// The address each node's clients reach it at.
+    hosts: Vec<Ipv4Addr>,
+    /// Each node's route (cluster) port.
+    route_ports: Vec<u16>,
     /// Monitoring (HTTP) ports, with [`ClusterOptions::monitoring`].
     monitor_ports: Vec<u16>,
     /// Go profiling ports, with [`ClusterOptions::profiling`].
@@ -507,6 +512,9 @@ pub struct NatsCluster {
     /// Each node's config file (a restart reads it again).
     configs: Vec<PathBuf>,
     nodes: Vec<Option<ChildGuard>>,
+    /// The node in a namespace of its own, with [`ClusterOptions::netns_node`]
+    /// (dropped after the nodes: the namespace outlives its server).
+    netns: Option<(usize, NetNs)>,
     dir: TempDir,
 }
 
@@ -539,6 +547,13 @@ pub struct ClusterOptions {
     /// instead of static users: devices are admitted by a
     /// `fleet-auth-callout` ([`CalloutCluster`](crate::CalloutCluster)).
     pub callout: Option<CalloutLayout>,
+    /// Node `i` runs in a [`NetNs`] of its own: its routes to the other
+    /// nodes can be cut ([`NatsCluster::cut_routes`]) while its clients
+    /// still reach it, at the namespace's address
+    /// ([`NatsCluster::client_addrs`]). Every route then runs over the
+    /// namespace's link. Not with monitoring, profiling or leafnodes (those
+    /// listen on loopback).
+    pub netns_node: Option<usize>,
 }
 
 /// The keys and password of [`ClusterOptions::callout`].
@@ -598,6 +613,28 @@ impl NatsCluster {
     ) -> NatsCluster {
         let dir = server_dir("fleet-nats-cluster-");
         let users = fleet_devices(devices);
+        let netns = options.netns_node.map(|i| {
+            assert!(
+                i < CLUSTER_NODES
+                    && !options.monitoring
+                    && !options.profiling
+                    && !options.leafnodes,
+                "netns_node {i}: a node of the {CLUSTER_NODES}, without the loopback listeners"
+            );
+            (i, NetNs::new())
+        });
+        // Where node `i` listens for routes and clients reach it: its
+        // namespace's address, the host's end of that link for the others
+        // (so that routes cross the link), else loopback.
+        let host_of = |i: usize| match &netns {
+            Some((k, ns)) if *k == i => ns.inner_addr(),
+            Some((_, ns)) => ns.host_addr(),
+            None => Ipv4Addr::LOCALHOST,
+        };
+        let client_host = |i: usize| match &netns {
+            Some((k, ns)) if *k == i => ns.inner_addr(),
+            _ => Ipv4Addr::LOCALHOST,
+        };
         for attempt in 0..PORT_ATTEMPTS {
             // A fresh store per attempt: no raft state from a failed one.
             let base = dir.path().join(format!("attempt{attempt}"));
@@ -605,7 +642,7 @@ impl NatsCluster {
                 .unwrap_or_else(|e| panic!("cannot create {}: {e}", base.display()));
             let client: Vec<u16> = (0..CLUSTER_NODES).map(|_| free_port()).collect();
             let routes: Vec<SocketAddr> = (0..CLUSTER_NODES)
-                .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+                .map(|i| SocketAddr::from((host_of(i), free_port())))
                 .collect();
             let monitor: Vec<u16> = if options.monitoring {
                 (0..CLUSTER_NODES).map(|_| free_port()).collect()
@@ -674,9 +711,15 @@ impl NatsCluster {
                         protocols,
                     }),
                 };
-                let text = adjust_config(&text, client[i], options);
+                let in_netns = netns.as_ref().is_some_and(|(k, _)| *k == i);
+                let node_options = ClusterOptions {
+                    // Its namespace's loopback is not the host's.
+                    listen_any: options.listen_any || in_netns,
+                    ..options.clone()
+                };
+                let text = adjust_config(&text, client[i], &node_options);
                 write_file(&config, &(text + &extra));
-                let cmd = server_command(v, &["-c", &config.to_string_lossy()]);
+                let cmd = node_command(v, &config, netns.as_ref(), i);
                 match spawn_server(cmd, &format!("nats-{v:?}-n{i}"), true) {
                     Ok((child, _)) => nodes.push(Some(child)),
                     Err(StartError::PortTaken) => {
@@ -699,6 +742,8 @@ impl NatsCluster {
             let cluster = NatsCluster {
                 version: v,
                 ports: client,
+                hosts: (0..CLUSTER_NODES).map(client_host).collect(),
+                route_ports: routes.iter().map(SocketAddr::port).collect(),
                 monitor_ports: monitor,
                 prof_ports: prof,
                 leaf_ports: leaf,
@@ -706,6 +751,7 @@ impl NatsCluster {
                     .map(|i| base.join(format!("n{i}.conf")))
                     .collect(),
                 nodes,
+                netns,
                 dir,
             };
             create_buckets(&cluster.admin(), CLUSTER_NODES as u8, CLUSTER_FORM_TIMEOUT);
@@ -716,9 +762,9 @@ impl NatsCluster {
 
     /// Client URLs of every node, killed ones included.
     pub fn urls(&self) -> Vec<String> {
-        self.ports
+        self.client_addrs()
             .iter()
-            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .map(|a| format!("nats://{a}"))
             .collect()
     }
 
@@ -730,8 +776,30 @@ impl NatsCluster {
     pub fn client_addrs(&self) -> Vec<SocketAddr> {
         self.ports
             .iter()
-            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+            .zip(&self.hosts)
+            .map(|(p, h)| SocketAddr::from((*h, *p)))
             .collect()
+    }
+
+    /// Cuts every route of the [`ClusterOptions::netns_node`]: no packet
+    /// to or from a route port passes its namespace's link, and open
+    /// routes stay open, silent, as across a failed switch. Its clients
+    /// still reach it. Panics without a namespaced node.
+    pub fn cut_routes(&self) {
+        let (_, ns) = self
+            .netns
+            .as_ref()
+            .expect("cut_routes needs ClusterOptions::netns_node");
+        ns.drop_tcp_ports(&self.route_ports);
+    }
+
+    /// Undoes [`cut_routes`](Self::cut_routes).
+    pub fn restore_routes(&self) {
+        let (_, ns) = self
+            .netns
+            .as_ref()
+            .expect("restore_routes needs ClusterOptions::netns_node");
+        ns.pass_tcp_ports(&self.route_ports);
     }
 
     /// The monitoring address of node `i` (with [`ClusterOptions::monitoring`]).
@@ -810,8 +878,7 @@ impl NatsCluster {
         if let Some(child) = self.nodes[i].take() {
             lame_duck_exit(child, timeout).map_err(|e| format!("node n{i} {e}"))?;
         }
-        let config = self.configs[i].to_string_lossy().into_owned();
-        let cmd = server_command(self.version, &["-c", &config]);
+        let cmd = node_command(self.version, &self.configs[i], self.netns.as_ref(), i);
         match spawn_server(cmd, &format!("nats-{:?}-n{i}", self.version), true) {
             Ok((child, _)) => self.nodes[i] = Some(child),
             Err(StartError::PortTaken) => {
@@ -880,6 +947,11 @@ impl NatsCluster {
         )
     }
 
+    /// `options` made to connect at once, as the harness's own clients do.
+    pub fn client_options(&self, options: nats::Options) -> nats::Options {
+        quick(options, self.dir.path())
+    }
+
     /// Options of [`device`](Self::device), to add callbacks before connecting.
     pub fn device_options(&self, id: &str) -> nats::Options {
         quick(
@@ -900,6 +972,21 @@ impl NatsCluster {
             .collect();
         assert!(!urls.is_empty(), "every node of the cluster was killed");
         urls.join(",")
+    }
+}
+
+/// Node `i` of a cluster started with `config`, in its namespace if it
+/// has one.
+fn node_command(
+    v: NatsVersion,
+    config: &Path,
+    netns: Option<&(usize, NetNs)>,
+    i: usize,
+) -> Command {
+    let cmd = server_command(v, &["-c", &config.to_string_lossy()]);
+    match netns {
+        Some((k, ns)) if *k == i => ns.command(&cmd),
+        _ => cmd,
     }
 }
 

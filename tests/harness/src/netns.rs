@@ -143,6 +143,30 @@ impl NetNs {
         self.exec(&["iptables", "-w", "-D", "INPUT", "-j", "DROP"]);
         self.exec(&["iptables", "-w", "-D", "OUTPUT", "-j", "DROP"]);
     }
+
+    /// Every TCP packet in or out of the namespace with one of `ports` at
+    /// either end dropped; other traffic passes.
+    pub fn drop_tcp_ports(&self, ports: &[u16]) {
+        self.tcp_port_rules("-I", ports);
+    }
+
+    /// Undoes [`drop_tcp_ports`](Self::drop_tcp_ports) with the same `ports`.
+    pub fn pass_tcp_ports(&self, ports: &[u16]) {
+        self.tcp_port_rules("-D", ports);
+    }
+
+    fn tcp_port_rules(&self, op: &str, ports: &[u16]) {
+        for port in ports {
+            let port = port.to_string();
+            for chain in ["INPUT", "OUTPUT"] {
+                for end in ["--sport", "--dport"] {
+                    self.exec(&[
+                        "iptables", "-w", op, chain, "-p", "tcp", end, &port, "-j", "DROP",
+                    ]);
+                }
+            }
+        }
+    }
 }
 
 impl Default for NetNs {
