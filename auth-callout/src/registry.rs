@@ -1,7 +1,17 @@
 //! The device registry (`fleet-registry`, owned by `FLEET`), as the callout
-//! and the enrollment service reach it from `AUTH`: Direct Get of one record
-//! (any replica answers) and compare-and-set writes, both through the
-//! service imports of the callout layout (`common/src/nats_config.rs`).
+//! and the enrollment service reach it from `AUTH`: a read of one record
+//! from the registry stream's leader, and compare-and-set writes, both
+//! through the service imports of the callout layout
+//! (`common/src/nats_config.rs`).
+//!
+//! Reads go to the leader, not to any replica as a Direct Get would: a
+//! replica cut off from the leader keeps answering Direct Gets from what it
+//! last held, so a device revoked meanwhile would be admitted again through
+//! it. The leader answers with every acknowledged write; with no leader
+//! reachable the read times out and the device is refused, and connects
+//! again. A server config from before leader reads has no import of them:
+//! then (no responders) the read falls back to Direct Get and says, once,
+//! to regenerate the config (`docs/design/enrollment.md`).
 //!
 //! [`Registry`] is the seam the decisions are tested through; [`NatsRegistry`]
 //! is the real one.
@@ -11,11 +21,14 @@ use std::time::Duration;
 
 use fleet_common::contracts::{DeviceRecord, LobbyTicket};
 use fleet_common::jetstream::{
-    KeyVersion, PubAckResponse, ERR_WRONG_LAST_SEQUENCE, HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE,
-    HEADER_STATUS, MAX_MSGS_EXCEEDED,
+    KeyVersion, LastBySubject, LastVersion, MsgGetFailure, MsgGetResponse, PubAckResponse,
+    ERR_WRONG_LAST_SEQUENCE, HEADER_EXPECTED_LAST_SUBJECT_SEQUENCE, HEADER_STATUS,
+    MAX_MSGS_EXCEEDED,
 };
 use fleet_common::limits::{REGISTRY_READ_TIMEOUT, REGISTRY_WRITE_TIMEOUT};
-use fleet_common::subjects::{direct_get_subject, kv_subject, BUCKET_LOBBY, BUCKET_REGISTRY};
+use fleet_common::subjects::{
+    auth_registry_read_subject, direct_get_subject, kv_subject, BUCKET_LOBBY, BUCKET_REGISTRY,
+};
 use fleet_common::time::Timestamp;
 use fleet_common::validate::DeviceId;
 
@@ -77,6 +90,54 @@ pub fn warn_no_lobby(why: &str) {
     }
 }
 
+/// Logs, once per process, that registry reads come from any replica.
+fn warn_no_leader_read(why: &str) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::warn!(
+            "no leader read of the device registry ({}: {why}): records are read by Direct Get, which a replica cut off from the leader answers from what it last held, so a device revoked meanwhile could be admitted through it; regenerate the server config with `fleetctl nats-config` to read from the leader",
+            auth_registry_read_subject()
+        );
+    }
+}
+
+/// `body` as the record of `device` at `revision`.
+fn parse_record(device: &DeviceId, body: &[u8], revision: u64) -> Result<Read, RegistryError> {
+    let record: DeviceRecord =
+        serde_json::from_slice(body).map_err(|e| RegistryError::Bad(e.to_string()))?;
+    if record.device_id != *device {
+        return Err(RegistryError::Bad(format!(
+            "key {device} holds the record of {}",
+            record.device_id
+        )));
+    }
+    Ok(Read {
+        record: Some(record),
+        revision,
+    })
+}
+
+/// The registry stream leader's answer about `device`.
+fn parse_leader_read(device: &DeviceId, body: &[u8]) -> Result<Read, RegistryError> {
+    match MsgGetResponse::last_version(body) {
+        Ok(LastVersion::Absent) => Ok(Read {
+            record: None,
+            revision: 0,
+        }),
+        Ok(LastVersion::Present { version, .. }) if version.deleted => Ok(Read {
+            record: None,
+            revision: version.seq,
+        }),
+        Ok(LastVersion::Present { version, value }) => parse_record(device, &value, version.seq),
+        Err(MsgGetFailure::Api(e)) => Err(RegistryError::Unavailable(format!(
+            "{} (code {})",
+            e.description,
+            e.best_code()
+        ))),
+        Err(MsgGetFailure::Malformed(e)) => Err(RegistryError::Bad(e)),
+    }
+}
+
 /// Reads and writes of registry records.
 pub trait Registry: Send + Sync {
     fn read(&self, device: &DeviceId) -> Result<Read, RegistryError>;
@@ -120,8 +181,10 @@ impl NatsRegistry {
     }
 }
 
-impl Registry for NatsRegistry {
-    fn read(&self, device: &DeviceId) -> Result<Read, RegistryError> {
+impl NatsRegistry {
+    /// The record as any replica holds it: only where the server config
+    /// has no leader read to import.
+    fn read_direct(&self, device: &DeviceId) -> Result<Read, RegistryError> {
         let subject = direct_get_subject(BUCKET_REGISTRY, device.as_str());
         let m = self.request(&subject, None, b"", REGISTRY_READ_TIMEOUT)?;
         let header = |name: &str| m.headers.as_ref().and_then(|h| h.get(name)).cloned();
@@ -144,18 +207,26 @@ impl Registry for NatsRegistry {
                 revision: version.seq,
             });
         }
-        let record: DeviceRecord =
-            serde_json::from_slice(&m.data).map_err(|e| RegistryError::Bad(e.to_string()))?;
-        if record.device_id != *device {
-            return Err(RegistryError::Bad(format!(
-                "key {device} holds the record of {}",
-                record.device_id
-            )));
+        parse_record(device, &m.data, version.seq)
+    }
+}
+
+impl Registry for NatsRegistry {
+    fn read(&self, device: &DeviceId) -> Result<Read, RegistryError> {
+        let key = kv_subject(BUCKET_REGISTRY, device.as_str());
+        let body = serde_json::to_vec(&LastBySubject { last_by_subj: &key })
+            .map_err(|e| RegistryError::Bad(e.to_string()))?;
+        let subject = auth_registry_read_subject();
+        match self.request_raw(&subject, None, &body, REGISTRY_READ_TIMEOUT) {
+            Ok(m) => parse_leader_read(device, &m.data),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                warn_no_leader_read(&e.to_string());
+                self.read_direct(device)
+            }
+            Err(e) => Err(RegistryError::Unavailable(format!(
+                "{e} (no answer from the registry stream's leader: none elected, or none reachable from this server)"
+            ))),
         }
-        Ok(Read {
-            record: Some(record),
-            revision: version.seq,
-        })
     }
 
     fn write(&self, record: &DeviceRecord, revision: u64) -> Result<u64, RegistryError> {
@@ -204,6 +275,46 @@ pub mod tests {
     use super::*;
     use std::collections::HashMap;
     use std::sync::Mutex;
+
+    #[test]
+    fn a_leader_read_gives_the_record_its_revision_or_why_not() {
+        let dev = DeviceId::parse("dev-a").expect("id");
+        let record = |id: &str| {
+            fleet_common::b64::encode_std(
+                format!(r#"{{"device-id":"{id}","state":"revoked"}}"#).as_bytes(),
+            )
+        };
+        let answer = |data: String| {
+            format!(
+                r#"{{"message":{{"subject":"$KV.fleet-registry.dev-a","seq":12,"data":"{data}"}}}}"#
+            )
+        };
+        let read = parse_leader_read(&dev, answer(record("dev-a")).as_bytes()).expect("read");
+        assert_eq!(read.revision, 12);
+        assert_eq!(
+            read.record.map(|r| r.state),
+            Some(fleet_common::contracts::RecordState::Revoked)
+        );
+        assert!(matches!(
+            parse_leader_read(&dev, answer(record("dev-b")).as_bytes()),
+            Err(RegistryError::Bad(e)) if e.contains("dev-b")
+        ));
+        let absent = br#"{"error":{"code":404,"err_code":10037,"description":"no message found"}}"#;
+        assert_eq!(
+            parse_leader_read(&dev, absent),
+            Ok(Read {
+                record: None,
+                revision: 0
+            })
+        );
+        // Any other error refuses: the leader did not say the key is absent.
+        let no_stream =
+            br#"{"error":{"code":404,"err_code":10059,"description":"stream not found"}}"#;
+        assert!(matches!(
+            parse_leader_read(&dev, no_stream),
+            Err(RegistryError::Unavailable(e)) if e.contains("stream not found")
+        ));
+    }
 
     /// An in-memory registry with the same compare-and-set rule.
     #[derive(Debug, Default)]

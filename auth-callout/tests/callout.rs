@@ -466,3 +466,224 @@ fn an_unapproved_identity_provider_device_waits_in_the_lobby_until_approved() {
     let ack = dev.put_status("info", b"approved").expect("status");
     assert!(ack.get("error").is_none(), "{ack}");
 }
+
+/// The registry stream's leader, as node `admin` is connected to sees it.
+fn registry_leader(admin: &nats::Connection) -> Option<String> {
+    let subject = format!(
+        "$JS.API.STREAM.INFO.{}",
+        fleet_common::subjects::stream_name(fleet_common::subjects::BUCKET_REGISTRY)
+    );
+    let m = admin.request_timeout(&subject, b"", WAIT).ok()?;
+    let info: Value = serde_json::from_slice(&m.data).ok()?;
+    info["cluster"]["leader"]
+        .as_str()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+}
+
+/// The state of `id`'s record as the replica on `admin`'s node answers a
+/// Direct Get: what a callout reading any replica would see.
+fn replica_state(admin: &nats::Connection, id: &str) -> Option<String> {
+    let subject =
+        fleet_common::subjects::direct_get_subject(fleet_common::subjects::BUCKET_REGISTRY, id);
+    let m = admin
+        .request_timeout(&subject, b"", Duration::from_secs(2))
+        .ok()?;
+    let record: Value = serde_json::from_slice(&m.data).ok()?;
+    record["state"].as_str().map(str::to_owned)
+}
+
+#[test]
+fn a_device_revoked_while_a_node_is_cut_off_is_not_admitted_through_that_node() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Command;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("enrollment-token");
+    std::fs::write(&token_file, "partition-test-token\n").expect("write");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let pw = dir.path().join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("write");
+    let idp = Idp::start();
+    // Node 2 in a namespace of its own, so that its routes can be cut; the
+    // one callout and the device reach the cluster only through it.
+    const CUT: usize = 2;
+    let fleet = fleet_harness::CalloutCluster::start(
+        &idp,
+        json!({"enrollment": {
+            "token_files": [token_file],
+            "bearer_requires_approval": true,
+        }}),
+        0,
+        fleet_harness::ClusterOptions {
+            netns_node: Some(CUT),
+            ..Default::default()
+        },
+    );
+    let urls = fleet.cluster.urls();
+    let callout = fleet.start_callout_to(&urls[CUT]);
+    let logs = || {
+        format!(
+            "--- callout log:\n{}\n--- n{CUT} log:\n{}",
+            callout.log(),
+            fleet.cluster.node_log(CUT)
+        )
+    };
+    // The operator's side is on node 0, which stays with the majority.
+    let fleetctl = |args: &[&str]| {
+        let out = Command::new(fleet_harness::bin_path("fleetctl"))
+            .args(args)
+            .args(["--server", &urls[0], "--password-file"])
+            .arg(&pw)
+            .output()
+            .expect("run fleetctl");
+        (
+            out.status.code().expect("exit code"),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let admin_on = |i: usize| {
+        fleet
+            .cluster
+            .admin_options()
+            .connect(&urls[i])
+            .expect("admin connects")
+    };
+    let connect = |token: &str| {
+        let options = fleet
+            .cluster
+            .client_options(nats::Options::with_token(token))
+            .max_reconnects(1);
+        DeviceClient::connect(options, &urls[CUT], "dev-cut")
+    };
+    let token = rs256(&idp.keys.rsa, RSA_KID, &claims("dev-cut", 600));
+    assert!(connect(&token).is_err(), "admitted before approval");
+    let deadline = Instant::now() + WAIT;
+    while !fleetctl(&["device", "pending"]).1.contains("dev-cut") {
+        assert!(Instant::now() < deadline, "no pending record\n{}", logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, out) = fleetctl(&["device", "approve", "dev-cut"]);
+    assert_eq!(code, 0, "{out}");
+    let (admin0, admin_cut) = (admin_on(0), admin_on(CUT));
+    poll_until("the approval on every replica", WAIT, || {
+        (replica_state(&admin_cut, "dev-cut").as_deref() == Some("approved")).then_some(())
+    });
+    drop(
+        connect(&token)
+            .unwrap_or_else(|e| panic!("approved, refused through n{CUT}: {e}\n{}", logs())),
+    );
+
+    // The registry is led from the majority's side of the cut.
+    let stepdown = format!(
+        "$JS.API.STREAM.LEADER.STEPDOWN.{}",
+        fleet_common::subjects::stream_name(fleet_common::subjects::BUCKET_REGISTRY)
+    );
+    let leader = poll_until(
+        "a registry leader off the node to cut",
+        Duration::from_secs(60),
+        || {
+            let leader = registry_leader(&admin0)?;
+            if leader == format!("n{CUT}") {
+                let _ = admin0.request_timeout(&stepdown, b"", WAIT);
+                return None;
+            }
+            Some(leader)
+        },
+    );
+    fleet.cluster.cut_routes();
+    let (code, out) = fleetctl(&["device", "revoke", "dev-cut"]);
+    assert_eq!(code, 0, "revoke on the majority's side: {out}");
+    // The cut-off replica still holds, and serves, the approval: a read of
+    // any replica would admit the revoked device. (A Direct Get sent to it
+    // is answered by it or by a replica across the cut, which never
+    // answers: a few tries find it.)
+    let served = (0..10)
+        .map(|_| replica_state(&admin_cut, "dev-cut"))
+        .find(Option::is_some)
+        .flatten();
+    assert_eq!(
+        served.as_deref(),
+        Some("approved"),
+        "the cut-off replica (leader {leader}) does not serve the stale approval: the cut did not hold"
+    );
+    // Each connect is a fresh read: none may admit the device.
+    for attempt in 0..8 {
+        assert!(
+            connect(&token).is_err(),
+            "attempt {attempt}: a device revoked on the leader was admitted through a replica cut off from it\n{}",
+            logs()
+        );
+    }
+    // Refused for want of the leader's answer (the cut-off node's own
+    // "JetStream system temporarily unavailable", or none), not as revoked:
+    // nothing on its side of the cut knows of the revocation.
+    callout.wait_for_line(
+        "refused: the device registry (fleet-registry) did not answer",
+        WAIT,
+    );
+
+    // The cut healed, the replica catches up and the device stays out.
+    fleet.cluster.restore_routes();
+    poll_until(
+        "the revocation on the healed replica",
+        Duration::from_secs(60),
+        || (replica_state(&admin_cut, "dev-cut").as_deref() == Some("revoked")).then_some(()),
+    );
+    assert!(connect(&token).is_err(), "a revoked device was admitted");
+}
+
+#[test]
+fn a_server_config_from_before_leader_reads_still_admits_approved_devices() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Command;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("enrollment-token");
+    std::fs::write(&token_file, "old-config-token\n").expect("write");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let pw = dir.path().join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("write");
+    let idp = Idp::start();
+    let leader_read =
+        fleet_common::subjects::stream_msg_get_subject(fleet_common::subjects::BUCKET_REGISTRY);
+    // The config as written before registry reads went to the leader: no
+    // export of the leader read, no import of it into AUTH.
+    let nats = CalloutNats::start_edited(
+        &idp,
+        json!({"enrollment": {
+            "token_files": [token_file],
+            "bearer_requires_approval": true,
+        }}),
+        &|text| {
+            let old: Vec<&str> = text.lines().filter(|l| !l.contains(&leader_read)).collect();
+            assert_eq!(
+                old.len() + 2,
+                text.lines().count(),
+                "export and import: {text}"
+            );
+            old.join("\n")
+        },
+    );
+    let token = rs256(&idp.keys.rsa, RSA_KID, &claims("dev-old", 600));
+    assert!(nats.connect_token("dev-old", &token).is_err(), "admitted");
+    nats.logged("dev-old is waiting for approval");
+    let out = Command::new(fleet_harness::bin_path("fleetctl"))
+        .args([
+            "device",
+            "approve",
+            "dev-old",
+            "--server",
+            &nats.server.url(),
+            "--password-file",
+        ])
+        .arg(&pw)
+        .output()
+        .expect("run fleetctl");
+    assert!(out.status.success(), "{out:?}");
+    nats.device("dev-old", &token);
+    let line = nats.logged("no leader read of the device registry");
+    assert!(line.contains("fleetctl nats-config"), "{line}");
+}

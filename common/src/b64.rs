@@ -1,7 +1,7 @@
 //! Base64 (RFC 4648) through the `base64` crate, configured in one place:
 //! the URL-safe alphabet without padding that JWTs and JWKs use, decoded
 //! strictly (no padding, no whitespace, zero trailing bits), and the standard
-//! alphabet with padding for HTTP Basic credentials.
+//! alphabet with padding for HTTP Basic credentials and JetStream API answers.
 //!
 //! Shared by the auth callout (JWT and JWK decoding, NATS JWT encoding), the
 //! agent (the Basic credentials of its token requests) and the test harness.
@@ -40,6 +40,12 @@ pub fn decode_url(text: &str) -> Option<Vec<u8>> {
     URL.decode(text).ok()
 }
 
+/// Standard base64 with `=` padding (the bodies and headers in JetStream
+/// API answers): `None` on anything else.
+pub fn decode_std(text: &str) -> Option<Vec<u8>> {
+    STD.decode(text).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,6 +64,7 @@ mod tests {
             assert_eq!(encode_std(plain.as_bytes()), std);
             assert_eq!(encode_url(plain.as_bytes()), url);
             assert_eq!(decode_url(url).as_deref(), Some(plain.as_bytes()));
+            assert_eq!(decode_std(std).as_deref(), Some(plain.as_bytes()));
         }
     }
 

@@ -4,7 +4,7 @@
 //! subject of a push delivery, and the headers both read. No connection
 //! here: callers publish and subscribe with the `nats` crate.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Header JetStream sets on KV delete and purge markers (`DEL`, `PURGE`).
 pub const HEADER_KV_OPERATION: &str = "KV-Operation";
@@ -76,6 +76,118 @@ pub struct PubAckResponse {
     pub seq: Option<u64>,
     #[serde(default)]
     pub error: Option<ApiError>,
+}
+
+/// The body of `$JS.API.STREAM.MSG.GET.<stream>`
+/// ([`stream_msg_get_subject`](crate::subjects::stream_msg_get_subject))
+/// asking for the last message of one subject: one key's current version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LastBySubject<'a> {
+    pub last_by_subj: &'a str,
+}
+
+/// JetStream's `err_code` when no message matches a `STREAM.MSG.GET`.
+pub const ERR_NO_MESSAGE_FOUND: u64 = 10037;
+
+/// The answer to `$JS.API.STREAM.MSG.GET.<stream>`: the stored message
+/// (headers and body in standard base64), or an error.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct MsgGetResponse {
+    #[serde(default)]
+    pub message: Option<StoredMessage>,
+    #[serde(default)]
+    pub error: Option<ApiError>,
+}
+
+/// A message as `STREAM.MSG.GET` returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct StoredMessage {
+    pub subject: String,
+    pub seq: u64,
+    /// The header block (`NATS/1.0\r\nName: value\r\n...`), base64.
+    #[serde(default)]
+    pub hdrs: Option<String>,
+    /// The body, base64; absent when empty.
+    #[serde(default)]
+    pub data: Option<String>,
+}
+
+/// One key's last version as a `STREAM.MSG.GET` answer gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LastVersion {
+    /// The key was never written (or its history is gone).
+    Absent,
+    /// Its last version: a value, or a delete marker
+    /// ([`KeyVersion::deleted`], with an empty value).
+    Present { version: KeyVersion, value: Vec<u8> },
+}
+
+/// Why a `STREAM.MSG.GET` answer gives no version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MsgGetFailure {
+    /// The server answered with an error other than "no message found"
+    /// (no such stream, no leader yet, ...).
+    Api(ApiError),
+    /// The answer is not a `STREAM.MSG.GET` answer.
+    Malformed(String),
+}
+
+impl std::fmt::Display for MsgGetFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Api(e) => write!(f, "{} (code {})", e.description, e.best_code()),
+            Self::Malformed(e) => f.write_str(e),
+        }
+    }
+}
+
+impl MsgGetResponse {
+    /// The key's last version from the raw answer `body`.
+    pub fn last_version(body: &[u8]) -> Result<LastVersion, MsgGetFailure> {
+        let r: MsgGetResponse = serde_json::from_slice(body)
+            .map_err(|e| MsgGetFailure::Malformed(format!("not a STREAM.MSG.GET answer: {e}")))?;
+        match (r.error, r.message) {
+            (Some(e), _) if e.err_code == ERR_NO_MESSAGE_FOUND => Ok(LastVersion::Absent),
+            (Some(e), _) => Err(MsgGetFailure::Api(e)),
+            (None, None) => Err(MsgGetFailure::Malformed(
+                "a STREAM.MSG.GET answer with neither message nor error".to_owned(),
+            )),
+            (None, Some(m)) => {
+                let decode = |field: &str, text: Option<&str>| -> Result<Vec<u8>, MsgGetFailure> {
+                    match text {
+                        None => Ok(Vec::new()),
+                        Some(t) => crate::b64::decode_std(t).ok_or_else(|| {
+                            MsgGetFailure::Malformed(format!("its {field} are not base64"))
+                        }),
+                    }
+                };
+                let hdrs = decode("headers", m.hdrs.as_deref())?;
+                let value = decode("data", m.data.as_deref())?;
+                let operation = header_block_value(&hdrs, HEADER_KV_OPERATION);
+                Ok(LastVersion::Present {
+                    version: KeyVersion {
+                        subject: m.subject,
+                        seq: m.seq,
+                        last_seq: None,
+                        deleted: is_kv_delete(operation.as_deref()),
+                    },
+                    value,
+                })
+            }
+        }
+    }
+}
+
+/// The value of header `name` (case-insensitive) in a NATS header block
+/// (`NATS/1.0` status line, then `Name: value` lines).
+pub fn header_block_value(block: &[u8], name: &str) -> Option<String> {
+    let text = std::str::from_utf8(block).ok()?;
+    text.split("\r\n").skip(1).find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_owned())
+    })
 }
 
 /// Sequence numbers and pending count of a push delivery, read from its
@@ -216,6 +328,61 @@ pub fn nanos(d: std::time::Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_msg_get_answer_gives_the_last_version_a_delete_or_absence() {
+        let value = crate::b64::encode_std(br#"{"a":1}"#);
+        let body = format!(
+            r#"{{"type":"io.nats.jetstream.api.v1.stream_msg_get_response","message":{{"subject":"$KV.b.k","seq":7,"data":"{value}","time":"2026-12-06T20:00:00Z"}}}}"#
+        );
+        assert_eq!(
+            MsgGetResponse::last_version(body.as_bytes()),
+            Ok(LastVersion::Present {
+                version: KeyVersion {
+                    subject: "$KV.b.k".to_owned(),
+                    seq: 7,
+                    last_seq: None,
+                    deleted: false
+                },
+                value: br#"{"a":1}"#.to_vec()
+            })
+        );
+        for op in ["DEL", "PURGE"] {
+            let hdrs = crate::b64::encode_std(
+                format!("NATS/1.0\r\nkv-operation: {op}\r\n\r\n").as_bytes(),
+            );
+            let body = format!(r#"{{"message":{{"subject":"$KV.b.k","seq":9,"hdrs":"{hdrs}"}}}}"#);
+            match MsgGetResponse::last_version(body.as_bytes()) {
+                Ok(LastVersion::Present { version, value }) => {
+                    assert!(version.deleted, "{op}");
+                    assert_eq!(version.seq, 9);
+                    assert!(value.is_empty());
+                }
+                other => panic!("{op}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            MsgGetResponse::last_version(
+                br#"{"error":{"code":404,"err_code":10037,"description":"no message found"}}"#
+            ),
+            Ok(LastVersion::Absent)
+        );
+        // No such stream, or no leader: not an absent key.
+        assert!(matches!(
+            MsgGetResponse::last_version(
+                br#"{"error":{"code":404,"err_code":10059,"description":"stream not found"}}"#
+            ),
+            Err(MsgGetFailure::Api(e)) if e.err_code == 10059
+        ));
+        assert!(matches!(
+            MsgGetResponse::last_version(br#"{"message":{"subject":"s","seq":1,"data":"%%"}}"#),
+            Err(MsgGetFailure::Malformed(_))
+        ));
+        assert!(matches!(
+            MsgGetResponse::last_version(b"{}"),
+            Err(MsgGetFailure::Malformed(_))
+        ));
+    }
 
     #[test]
     fn parses_both_ack_subject_forms() {

@@ -362,9 +362,13 @@ fn auth_account_lines(callout_password: &str, nonce_key: &PublicNkey) -> Vec<Str
         ),
         "    imports: [".to_owned(),
     ];
-    for subject in &registry_service_exports() {
+    for (subject, to) in &registry_service_exports() {
+        let to = to
+            .as_deref()
+            .map(|t| format!(", to: {}", quoted(t)))
+            .unwrap_or_default();
         o.push(format!(
-            "      {{ service: {{ account: {ACCOUNT_FLEET}, subject: {} }} }}",
+            "      {{ service: {{ account: {ACCOUNT_FLEET}, subject: {} }}{to} }}",
             quoted(subject)
         ));
     }
@@ -578,7 +582,7 @@ fn fleet_account_lines(
         ));
     }
     if layout == Layout::Callout {
-        for subject in &registry_service_exports() {
+        for (subject, _) in &registry_service_exports() {
             o.push(format!(
                 "      {{ service: {}, accounts: [{ACCOUNT_AUTH}] }}",
                 quoted(subject)
@@ -1017,9 +1021,15 @@ mod tests {
         assert_eq!(text.matches("accounts: [DEVICES]").count(), 9);
         assert_eq!(
             text.matches("{ account: FLEET").count(),
-            12,
-            "three of them the registry and the lobby, imported by AUTH"
+            13,
+            "four of them the registry (leader read, Direct Get, writes) and the lobby, imported by AUTH"
         );
+        assert!(text.contains(
+            r#"{ service: { account: FLEET, subject: "$JS.API.STREAM.MSG.GET.KV_fleet-registry" }, to: "fleetapi.STREAM.MSG.GET.KV_fleet-registry" }"#
+        ));
+        assert!(text.contains(
+            r#"{ service: "$JS.API.STREAM.MSG.GET.KV_fleet-registry", accounts: [AUTH] }"#
+        ));
         assert_eq!(text.matches('{').count(), text.matches('}').count());
         assert_eq!(text.matches('[').count(), text.matches(']').count());
     }

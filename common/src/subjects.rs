@@ -44,7 +44,8 @@ pub const ACCOUNT_FLEET: &str = "FLEET";
 /// NATS account holding the devices.
 pub const ACCOUNT_DEVICES: &str = "DEVICES";
 /// Prefix under which `FLEET`'s JetStream API (consumer create, generation
-/// 1; Direct Get, generation 2) is imported into `DEVICES`.
+/// 1; Direct Get, generation 2) is imported into `DEVICES`, and the
+/// registry's leader read into `AUTH`.
 pub const DEVICE_API_PREFIX: &str = "fleetapi";
 /// The system account of the generated server configs (`system_account`).
 /// It has no users: what fleetctl reads of it (presence) is exported to
@@ -212,6 +213,13 @@ pub fn direct_get_subject(bucket: &str, key: &str) -> String {
     )
 }
 
+/// The stream-leader read of one message (`$JS.API.STREAM.MSG.GET.KV_<bucket>`):
+/// unlike Direct Get, which any replica answers from what it holds, only the
+/// stream's leader answers, so the answer holds every acknowledged write.
+pub fn stream_msg_get_subject(bucket: &str) -> String {
+    format!("$JS.API.STREAM.MSG.GET.{}", stream_name(bucket))
+}
+
 /// The same Direct Get as a device publishes it in `DEVICES`:
 /// `fleetapi.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<key>`.
 pub fn device_direct_get_subject(bucket: &str, key: &str) -> String {
@@ -274,14 +282,35 @@ pub fn enroll_permissions(key: &str) -> DevicePermissions {
     }
 }
 
+/// The registry stream leader's read as `AUTH` publishes it:
+/// `fleetapi.STREAM.MSG.GET.KV_fleet-registry`. It is imported under
+/// [`DEVICE_API_PREFIX`], not as itself: in an account without JetStream
+/// the server answers `$JS.API.STREAM.…` itself ("JetStream not enabled
+/// for account"), and that answer would win.
+pub fn auth_registry_read_subject() -> String {
+    format!(
+        "{DEVICE_API_PREFIX}.STREAM.MSG.GET.{}",
+        stream_name(BUCKET_REGISTRY)
+    )
+}
+
 /// What `FLEET` exports to `AUTH` for the callout and the enrollment
-/// service: Direct Get of registry records, writes to them, and writes of
+/// service, each with the subject `AUTH` imports it under when that
+/// differs: the leader's read of registry records, their Direct Get (which
+/// callouts that predate leader reads use), writes to them, and writes of
 /// lobby tickets.
-pub fn registry_service_exports() -> [String; 3] {
+pub fn registry_service_exports() -> [(String, Option<String>); 4] {
     [
-        format!("$JS.API.DIRECT.GET.{}.>", stream_name(BUCKET_REGISTRY)),
-        kv_subject(BUCKET_REGISTRY, ">"),
-        kv_subject(BUCKET_LOBBY, ">"),
+        (
+            stream_msg_get_subject(BUCKET_REGISTRY),
+            Some(auth_registry_read_subject()),
+        ),
+        (
+            format!("$JS.API.DIRECT.GET.{}.>", stream_name(BUCKET_REGISTRY)),
+            None,
+        ),
+        (kv_subject(BUCKET_REGISTRY, ">"), None),
+        (kv_subject(BUCKET_LOBBY, ">"), None),
     ]
 }
 
