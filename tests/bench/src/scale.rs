@@ -52,6 +52,10 @@ pub(crate) const FAN_OUT_TIMEOUT: Duration = Duration::from_secs(120);
 /// its 15 minutes for a figure that only grows).
 pub(crate) const RECOVERY_TIMEOUT: Duration = Duration::from_secs(90);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long after a leader step-down every replica must be current
+/// (a stalled catch-up resumed by the new leader).
+const STEP_DOWN_BOUND: Duration = Duration::from_secs(180);
+
 /// Lame-duck mode of each node in the rolling restart: `lame_duck_duration`
 /// (the server's minimum; its default is 2 min, which only spreads the
 /// reconnects thinner) and `lame_duck_grace_period` (the default).
@@ -153,6 +157,9 @@ struct Measured {
     /// Each restarted node and how long its replicas took to be current
     /// again (the killed node first).
     catch_ups: Vec<(String, Duration)>,
+    /// Catch-ups that stalled and were resumed by a leader step-down:
+    /// which node's restart, the streams, how long after.
+    step_downs: Vec<String>,
     /// The rolling restart could not be done (a node did not come back in
     /// time); every figure before it stands.
     rolling_failure: Option<String>,
@@ -380,6 +387,23 @@ fn measure(
         eprintln!("bench: scale {n}: lame-duck restart of n{i}");
         match cluster.restart_node_lame_duck_within(i, NODE_RESTART_TIMEOUT, catch_up_bound(n)) {
             Ok(took) => m.catch_ups.push((format!("n{i}"), took)),
+            // A replica left behind: does a new leader resume its catch-up?
+            Err(e) if e.contains("replicas not all current") => {
+                eprintln!(
+                    "bench: scale {n}: n{i} not caught up ({e}); stepping down the lagging leaders"
+                );
+                match cluster.step_down_lagging_leaders(STEP_DOWN_BOUND) {
+                    Ok((streams, took)) => m.step_downs.push(format!(
+                        "after n{i}'s restart {} stepped down, every replica current {:.0} s later",
+                        streams.join(", "),
+                        took.as_secs_f64()
+                    )),
+                    Err(e2) => {
+                        m.rolling_failure = Some(format!("{e}; {e2}"));
+                        return m;
+                    }
+                }
+            }
             Err(e) => {
                 m.rolling_failure = Some(e);
                 return m;
@@ -851,7 +875,14 @@ fn rows(
                     .as_ref()
                     .map(|e| format!(" Not done (gen 2): {e}."))
                     .unwrap_or_default(),
-            )),
+            ) + &if g2.step_downs.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " A replica stayed behind (gen 2) and a step-down of its stream's leader resumed it: {}.",
+                    g2.step_downs.join("; ")
+                )
+            }),
         Row::new(format!("{label}: `kill -9` of a node, recovery p50 / p99 / max"))
             .ours(rec(&g2.recovery))
             .baseline(base(&|g| rec(&g.recovery)))

@@ -911,6 +911,49 @@ impl NatsCluster {
         .map_err(|stream| format!("replicas not all current within {timeout:?}: {stream}"))
     }
 
+    /// Asks the leader of each bucket stream with a replica not current to
+    /// step down, then waits up to `timeout` for every replica to be
+    /// current. A diagnostic of a stalled catch-up: whether a new leader
+    /// resumes it (nats-server before 2.14.3 could drop, on the leader, a
+    /// catch-up that a follower asked for again). `Ok`: the streams
+    /// stepped down and how long until every replica was current.
+    pub fn step_down_lagging_leaders(
+        &self,
+        timeout: Duration,
+    ) -> Result<(Vec<String>, Duration), String> {
+        // A loaded cluster answers its API in seconds, not the poll's 500 ms.
+        const ANSWER: Duration = Duration::from_secs(5);
+        let admin = self.admin();
+        let mut stepped = Vec::new();
+        for spec in &FLEET_BUCKETS {
+            let stream = stream_name(spec.bucket);
+            let info = admin
+                .request_timeout(&format!("$JS.API.STREAM.INFO.{stream}"), "", ANSWER)
+                .ok()
+                .and_then(|m| serde_json::from_slice::<serde_json::Value>(&m.data).ok());
+            let lagging = info.as_ref().is_some_and(|i| {
+                i["cluster"]["replicas"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["current"].as_bool() != Some(true)))
+            });
+            if lagging {
+                let answer = admin.request_timeout(
+                    &format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+                    "",
+                    ANSWER,
+                );
+                stepped.push(match answer {
+                    Ok(_) => stream,
+                    Err(e) => format!("{stream} (step-down not answered: {e})"),
+                });
+            }
+        }
+        let started = Instant::now();
+        self.wait_for_current_replicas(timeout)
+            .map(|()| (stepped.clone(), started.elapsed()))
+            .map_err(|e| format!("after a step-down of the leaders of {stepped:?}: {e}"))
+    }
+
     /// Waits until every bucket stream has a leader among the live nodes
     /// (after [`kill_node`](Self::kill_node), an election takes up to ~10 s
     /// when the killed node led a stream). Panics after `timeout`.
