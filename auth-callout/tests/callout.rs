@@ -416,16 +416,23 @@ fn a_token_naming_a_key_twice_is_refused() {
 /// registry does not know is refused and waits in the lobby (pending by
 /// id, its token's subject as a fact), where `fleetctl device pending`
 /// shows it; approved by id, it connects.
+/// An enrollment token file (0600) holding `token` and the admin's
+/// password file for fleetctl, in `dir`.
+fn operator_files(dir: &std::path::Path, token: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let token_file = dir.join("enrollment-token");
+    std::fs::write(&token_file, format!("{token}\n")).expect("write");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let pw = dir.join("admin-password");
+    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("write");
+    (token_file, pw)
+}
+
 #[test]
 fn an_unapproved_identity_provider_device_waits_in_the_lobby_until_approved() {
-    use std::os::unix::fs::PermissionsExt;
     use std::process::Command;
     let dir = tempfile::tempdir().expect("tempdir");
-    let token_file = dir.path().join("enrollment-token");
-    std::fs::write(&token_file, "lobby-test-token\n").expect("write");
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let pw = dir.path().join("admin-password");
-    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("write");
+    let (token_file, pw) = operator_files(dir.path(), "lobby-test-token");
     let env = Env::start(json!({"enrollment": {
         "token_files": [token_file],
         "bearer_requires_approval": true,
@@ -495,14 +502,9 @@ fn replica_state(admin: &nats::Connection, id: &str) -> Option<String> {
 
 #[test]
 fn a_device_revoked_while_a_node_is_cut_off_is_not_admitted_through_that_node() {
-    use std::os::unix::fs::PermissionsExt;
     use std::process::Command;
     let dir = tempfile::tempdir().expect("tempdir");
-    let token_file = dir.path().join("enrollment-token");
-    std::fs::write(&token_file, "partition-test-token\n").expect("write");
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let pw = dir.path().join("admin-password");
-    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("write");
+    let (token_file, pw) = operator_files(dir.path(), "partition-test-token");
     let idp = Idp::start();
     // Node 2 in a namespace of its own, so that its routes can be cut; the
     // one callout and the device reach the cluster only through it.
@@ -638,14 +640,9 @@ fn a_device_revoked_while_a_node_is_cut_off_is_not_admitted_through_that_node() 
 
 #[test]
 fn a_server_config_from_before_leader_reads_still_admits_approved_devices() {
-    use std::os::unix::fs::PermissionsExt;
     use std::process::Command;
     let dir = tempfile::tempdir().expect("tempdir");
-    let token_file = dir.path().join("enrollment-token");
-    std::fs::write(&token_file, "old-config-token\n").expect("write");
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let pw = dir.path().join("admin-password");
-    std::fs::write(&pw, format!("{}\n", fleet_harness::NATS_ADMIN_PASSWORD)).expect("write");
+    let (token_file, pw) = operator_files(dir.path(), "old-config-token");
     let idp = Idp::start();
     let leader_read =
         fleet_common::subjects::stream_msg_get_subject(fleet_common::subjects::BUCKET_REGISTRY);
