@@ -1181,6 +1181,10 @@ fn temp_files_a_kill_left_in_the_state_directory_are_removed_at_start() {
         assert!(!p.exists(), "{}", p.display());
     }
     assert!(kept.exists());
+    // The temp files go before the agent's socket listens.
+    poll_until("the agent socket answers", CONVERGE, || {
+        (node(&dev, &["status"]).code == Some(0)).then_some(())
+    });
     let s = agent_status(&dev);
     assert_eq!(s.config_state.state, ConfigState::Configured, "{s:?}");
 }
